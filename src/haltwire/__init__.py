@@ -1,0 +1,33 @@
+"""haltwire: stops AI agents that must stop.
+
+The public API is re-exported here; see ``docs/architecture.md`` for how the parts fit.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from haltwire.ceilings import Ceilings, Ticket, ToolCeilings
+from haltwire.config import ConfigError, GatewayConfig, load_config, parse_config
+from haltwire.identity import Identity, TokenTable, token_sha256
+from haltwire.killswitch import SuspensionFile, write_suspensions
+from haltwire.refusal import TERMINAL_CODES, TRANSIENT_CODES, Refusal
+
+__all__ = [
+    "TERMINAL_CODES",
+    "TRANSIENT_CODES",
+    "Ceilings",
+    "ConfigError",
+    "GatewayConfig",
+    "Identity",
+    "Refusal",
+    "SuspensionFile",
+    "Ticket",
+    "TokenTable",
+    "ToolCeilings",
+    "__version__",
+    "load_config",
+    "parse_config",
+    "token_sha256",
+    "write_suspensions",
+]

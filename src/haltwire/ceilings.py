@@ -1,0 +1,133 @@
+"""Ceilings: the admission policy. Which counters a call must fit in, and what to say when it doesn't.
+
+Policy only: the counting itself is a ``CounterStore`` (``haltwire.store.counters``),
+so the same policy runs on in-memory counters for one gateway and on Redis for many.
+
+A call to tool T by identity A must fit in:
+
+- A's call budget: N calls per fixed window (the refusal names when the window resets);
+- A's budget for T, when one is configured;
+- A's cap on calls in flight, and A's cap for T, when configured.
+
+All counters are checked and taken in one atomic ``admit``; a refused call consumes
+nothing. The window is fixed rather than sliding, so the reset time is one value the
+refusal can state.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from haltwire import refusal
+from haltwire.config import GatewayConfig, LimitsOverride, ToolLimits
+from haltwire.identity import Identity
+from haltwire.refusal import Refusal
+from haltwire.store.counters import BudgetCounter, CounterStore, CountersUnavailable, SlotCounter
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCeilings:
+    """The effective limits for one (identity, tool) pair, resolved once and cached."""
+
+    budget: int | None
+    window_s: float
+    max_in_flight: int | None
+    deadline_s: float
+    tool_budget: int | None
+    tool_max_in_flight: int | None
+
+
+@dataclass(slots=True)
+class Ticket:
+    """An admitted call. ``release`` gives back its slots; call it in ``finally``."""
+
+    store: CounterStore
+    slots: tuple[SlotCounter, ...]
+    slot_id: str
+    deadline_s: float
+
+    async def release(self) -> None:
+        if self.slots:
+            await self.store.release(self.slots, self.slot_id)
+
+
+def _first(*values: float | int | None) -> float | int | None:
+    return next((v for v in values if v is not None), None)
+
+
+class Ceilings:
+    def __init__(self, config: GatewayConfig, store: CounterStore, *, clock: Clock = time.time) -> None:
+        self._config = config
+        self._store = store
+        self._clock = clock
+        self._overrides: dict[str, LimitsOverride] = {i.agent: i.limits for i in config.identities}
+        self._cache: dict[tuple[str, str], ToolCeilings] = {}
+        self._please_try_again = config.gateway.refusal_style == "please-try-again"
+
+    @property
+    def store(self) -> CounterStore:
+        return self._store
+
+    def for_call(self, agent: str, tool: str) -> ToolCeilings:
+        """Merge defaults, the default tool override, the identity and the identity's tool override."""
+        found = self._cache.get((agent, tool))
+        if found is not None:
+            return found
+        d = self._config.limits
+        ident = self._overrides.get(agent, LimitsOverride())
+        dt = d.tools.get(tool, ToolLimits())
+        it = ident.tools.get(tool, ToolLimits())
+        resolved = ToolCeilings(
+            budget=_int(_first(ident.budget, d.budget)),
+            window_s=float(_first(ident.window_s, d.window_s) or d.window_s),
+            max_in_flight=_int(_first(ident.max_in_flight, d.max_in_flight)),
+            deadline_s=float(_first(it.deadline_s, dt.deadline_s, ident.deadline_s, d.deadline_s) or 30.0),
+            tool_budget=_int(_first(it.budget, dt.budget)),
+            tool_max_in_flight=_int(_first(it.max_in_flight, dt.max_in_flight)),
+        )
+        self._cache[(agent, tool)] = resolved
+        return resolved
+
+    async def admit(self, identity: Identity, tool: str) -> Ticket | Refusal:
+        """Admit one call or say why not. Fails closed when the counters cannot be reached."""
+        c = self.for_call(identity.agent, tool)
+        now = self._clock()
+        window = int(now // c.window_s)
+        ends = (window + 1) * c.window_s
+        agent = identity.agent
+        budgets: list[BudgetCounter] = []
+        if c.budget is not None:
+            budgets.append(BudgetCounter(f"{agent}:b", window, c.budget, ends))
+        if c.tool_budget is not None:
+            budgets.append(BudgetCounter(f"{agent}:b:{tool}", window, c.tool_budget, ends))
+        slots: list[SlotCounter] = []
+        if c.max_in_flight is not None:
+            slots.append(SlotCounter(f"{agent}:f", c.max_in_flight))
+        if c.tool_max_in_flight is not None:
+            slots.append(SlotCounter(f"{agent}:f:{tool}", c.tool_max_in_flight))
+        slot_id = uuid.uuid4().hex if slots else ""
+        if budgets or slots:
+            try:
+                decision = await self._store.admit(budgets, slots, slot_id, now)
+            except CountersUnavailable:
+                return refusal.counters_unavailable()
+            if decision.refused is not None:
+                kind, i = decision.refused
+                if kind == "budget":
+                    if self._please_try_again:
+                        return refusal.please_try_again()
+                    b = budgets[i]
+                    return refusal.budget_exhausted(
+                        agent, b.limit, ends, tool if b.key != f"{agent}:b" else None
+                    )
+                return refusal.too_many_in_flight(agent, slots[i].limit)
+        return Ticket(self._store, tuple(slots), slot_id, c.deadline_s)
+
+
+def _int(v: float | int | None) -> int | None:
+    return None if v is None else int(v)

@@ -1,0 +1,106 @@
+"""The ``haltwire`` command.
+
+Exit codes: 0 success; 1 a runtime failure; 2 bad usage or bad configuration (the message
+names the file, the key and the problem), or an upstream that does not start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from contextlib import AsyncExitStack
+
+import anyio
+
+from haltwire import __version__
+from haltwire.config import ConfigError, load_config
+from haltwire.identity import token_sha256
+
+EXIT_RUNTIME = 1
+EXIT_USAGE = 2
+
+
+def _gateway(args: argparse.Namespace) -> int:
+    from haltwire.gateway import UpstreamError, create_app
+    from haltwire.serve import serve_forever
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"haltwire gateway: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    host = args.host or config.gateway.host
+    port = args.port if args.port is not None else config.gateway.port
+    app = create_app(config)
+
+    async def run() -> int:
+        async with AsyncExitStack() as stack:
+            try:
+                await app.start(stack)
+            except UpstreamError as exc:
+                print(f"haltwire gateway: {exc}", file=sys.stderr)
+                return EXIT_USAGE
+            names = ", ".join(u.name for u in config.upstreams)
+            print(
+                f"haltwire gateway {__version__} on http://{host}:{port}/mcp "
+                f"(upstreams: {names}; counters: {config.counters.backend})",
+                file=sys.stderr,
+                flush=True,
+            )
+            await serve_forever(app, host, port)
+        return 0
+
+    try:
+        return anyio.run(run)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _hash_token(args: argparse.Namespace) -> int:
+    print(token_sha256(args.token))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    if args.demo == "upstream":
+        from haltwire.demo.upstream import main as upstream_main
+
+        upstream_main(args.rest)
+        return 0
+    from haltwire.demo.loop import main as loop_main
+
+    status: int = loop_main(args.rest)
+    return status
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="haltwire", description="Stops AI agents that must stop.")
+    parser.add_argument("--version", action="version", version=f"haltwire {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gw = sub.add_parser("gateway", help="run the MCP gateway")
+    gw.add_argument("--config", required=True, help="the gateway's TOML config file")
+    gw.add_argument("--host", default=None, help="override gateway.host")
+    gw.add_argument("--port", type=int, default=None, help="override gateway.port")
+    gw.set_defaults(func=_gateway)
+
+    ht = sub.add_parser("hash-token", help="print the SHA-256 of a token, for token_sha256 in the config")
+    ht.add_argument("token")
+    ht.set_defaults(func=_hash_token)
+
+    demo = sub.add_parser("demo", help="run a demo: 'loop' (the seed's scenarios) or 'upstream'")
+    demo.add_argument("demo", choices=["loop", "upstream"])
+    demo.add_argument("rest", nargs=argparse.REMAINDER)
+    demo.set_defaults(func=_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    sys.exit(args.func(args))

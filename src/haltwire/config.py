@@ -1,0 +1,201 @@
+"""The gateway's TOML configuration, validated up front.
+
+A bad config is a start-up error that names the file, the key and the problem
+(``ConfigError``; the CLI exits 2), never a crash on the first call. The schema is the
+pydantic models below; ``docs/configuration.md`` describes every key.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from haltwire.identity import Identity, RefuseAt, TokenTable, token_sha256
+
+
+class ConfigError(Exception):
+    """A configuration problem, phrased as ``FILE: KEY: PROBLEM``."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ToolLimits(_Model):
+    """Per-tool overrides. A tool budget counts calls to this tool per identity."""
+
+    budget: int | None = Field(default=None, ge=0)
+    max_in_flight: int | None = Field(default=None, ge=1)
+    deadline_s: float | None = Field(default=None, gt=0)
+
+
+class LimitsOverride(_Model):
+    budget: int | None = Field(default=None, ge=0)
+    window_s: float | None = Field(default=None, gt=0)
+    max_in_flight: int | None = Field(default=None, ge=1)
+    deadline_s: float | None = Field(default=None, gt=0)
+    tools: dict[str, ToolLimits] = Field(default_factory=dict)
+
+
+class Limits(LimitsOverride):
+    """Defaults for every identity. ``budget`` and ``max_in_flight`` absent: unlimited."""
+
+    window_s: float = Field(default=3600.0, gt=0)
+    deadline_s: float = Field(default=30.0, gt=0)
+
+
+class IdentityConfig(_Model):
+    agent: str = Field(min_length=1)
+    tenant: str = "default"
+    version: str = "0"
+    token_sha256: str | None = None
+    token: str | None = None
+    suspended_at_edge: bool = False
+    refuse_at: RefuseAt = "tool"
+    limits: LimitsOverride = Field(default_factory=LimitsOverride)
+
+    @field_validator("token_sha256")
+    @classmethod
+    def _hex(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[0-9a-f]{64}", v):
+            raise ValueError("must be 64 lowercase hex digits (the SHA-256 of the token)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_token(self) -> IdentityConfig:
+        if (self.token is None) == (self.token_sha256 is None):
+            raise ValueError("give exactly one of token_sha256 or token")
+        return self
+
+
+class UpstreamConfig(_Model):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    url: str | None = None
+    command: list[str] | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    headers: dict[str, str] = Field(default_factory=dict)
+    prefix: str = ""
+    #: Seconds to wait for the upstream to start and list its tools.
+    connect_timeout_s: float = Field(default=15.0, gt=0)
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> UpstreamConfig:
+        if (self.url is None) == (self.command is None):
+            raise ValueError("give exactly one of url (streamable HTTP) or command (stdio)")
+        if self.command is not None and not self.command:
+            raise ValueError("command must not be empty")
+        return self
+
+
+class GatewaySection(_Model):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8800, ge=0, le=65535)
+    #: Accept plain ``token`` entries. Never in production.
+    development: bool = False
+    max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    #: The kill switch: a JSON file ``{"suspended": ["agent-id", ...]}``.
+    suspended_file: Path | None = None
+    #: ``please-try-again`` exists only to show the seed's failure mode in ``haltwire demo loop``.
+    refusal_style: Literal["terminal", "please-try-again"] = "terminal"
+
+
+class CountersSection(_Model):
+    backend: Literal["memory", "redis"] = "memory"
+    url: str = "redis://127.0.0.1:6379/0"
+    prefix: str = "haltwire"
+    #: A slot held in Redis expires after this long, so a crashed gateway cannot hold it forever.
+    #: It must outlast the longest deadline; the gateway checks that at start-up.
+    slot_ttl_s: float = Field(default=300.0, gt=0)
+    #: Socket timeout for one admission round trip.
+    timeout_s: float = Field(default=0.5, gt=0)
+
+
+class GatewayConfig(_Model):
+    gateway: GatewaySection = Field(default_factory=GatewaySection)
+    counters: CountersSection = Field(default_factory=CountersSection)
+    limits: Limits = Field(default_factory=Limits)
+    identities: list[IdentityConfig] = Field(default_factory=list)
+    upstreams: list[UpstreamConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GatewayConfig:
+        agents = [i.agent for i in self.identities]
+        dupes = sorted({a for a in agents if agents.count(a) > 1})
+        if dupes:
+            raise ValueError(f"identities: agent ids must be unique, repeated: {', '.join(dupes)}")
+        names = [u.name for u in self.upstreams]
+        if len(set(names)) != len(names):
+            raise ValueError("upstreams: names must be unique")
+        if not self.gateway.development and any(i.token is not None for i in self.identities):
+            raise ValueError(
+                "identities: plain 'token' is accepted only with gateway.development = true; use token_sha256"
+            )
+        longest = max(self._deadlines(), default=self.limits.deadline_s)
+        if self.counters.backend == "redis" and self.counters.slot_ttl_s <= longest:
+            raise ValueError(
+                f"counters.slot_ttl_s ({self.counters.slot_ttl_s:g}) must exceed the longest deadline "
+                f"({longest:g} s), or a slow call's slot would expire while it runs"
+            )
+        return self
+
+    def _deadlines(self) -> list[float]:
+        out = [self.limits.deadline_s]
+        overrides = [self.limits, *(i.limits for i in self.identities)]
+        for o in overrides:
+            if o.deadline_s is not None:
+                out.append(o.deadline_s)
+            out.extend(t.deadline_s for t in o.tools.values() if t.deadline_s is not None)
+        return out
+
+    def token_table(self) -> TokenTable:
+        by_hash: dict[str, Identity] = {}
+        for i in self.identities:
+            digest = i.token_sha256 or token_sha256(i.token or "")
+            by_hash[digest] = Identity(
+                agent=i.agent,
+                tenant=i.tenant,
+                version=i.version,
+                suspended_at_edge=i.suspended_at_edge,
+                refuse_at=i.refuse_at,
+            )
+        return TokenTable(by_hash)
+
+
+def _key(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def parse_config(data: dict[str, Any], source: str = "<config>") -> GatewayConfig:
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            msg = err["msg"].removeprefix("Value error, ")
+            problems.append(f"{source}: {_key(tuple(err['loc']))}: {msg}")
+        raise ConfigError("\n".join(problems)) from None
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the file: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    config = parse_config(data, str(p))
+    if config.gateway.suspended_file is not None and not config.gateway.suspended_file.is_absolute():
+        # A relative kill-switch path is relative to the config file, not the working directory.
+        gw = config.gateway.model_copy(update={"suspended_file": p.parent / config.gateway.suspended_file})
+        config = config.model_copy(update={"gateway": gw})
+    return config

@@ -1,0 +1,5 @@
+"""Placeholder replaced below."""
+
+
+def main(argv: list[str]) -> int:
+    raise NotImplementedError

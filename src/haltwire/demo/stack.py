@@ -1,0 +1,60 @@
+"""Running a demo upstream and a gateway in this process, on loopback, and connecting to them.
+
+Used by ``haltwire demo`` and by the tests: everything here is a real server on a real
+socket, and ``connect`` is the official MCP client over streamable HTTP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import httpx2
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from haltwire.ceilings import Clock
+from haltwire.config import parse_config
+from haltwire.demo.upstream import DemoUpstream
+from haltwire.gateway import create_app
+from haltwire.gateway.app import GatewayApp
+from haltwire.serve import serving
+from haltwire.store.counters import CounterStore
+
+
+@asynccontextmanager
+async def running_upstream(quota: int | None = None) -> AsyncIterator[tuple[DemoUpstream, str]]:
+    """A demo upstream; yields it and its base URL (its MCP endpoint is ``URL/mcp``)."""
+    demo = DemoUpstream(quota=quota)
+    async with serving(demo.http_app()) as url:
+        yield demo, url
+
+
+@asynccontextmanager
+async def running_gateway(
+    data: dict[str, Any],
+    *,
+    clock: Clock | None = None,
+    store: CounterStore | None = None,
+    source: str = "<demo config>",
+) -> AsyncIterator[tuple[GatewayApp, str]]:
+    """A gateway built from a config dict; yields the app and its MCP endpoint URL."""
+    config = parse_config(data, source)
+    app = create_app(config, store=store) if clock is None else create_app(config, store=store, clock=clock)
+    async with AsyncExitStack() as stack:
+        await app.start(stack)
+        async with serving(app) as url:
+            yield app, f"{url}/mcp"
+
+
+@asynccontextmanager
+async def connect(url: str, token: str | None, **client_kwargs: Any) -> AsyncIterator[Client]:
+    """The official MCP client, sending ``token`` as its bearer token on every request."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=60.0))
+    async with (
+        http,
+        Client(streamable_http_client(url, http_client=http), cache=None, **client_kwargs) as client,
+    ):
+        yield client

@@ -1,0 +1,50 @@
+"""The MCP gateway: level 3 of the stop ladder. ``create_app`` builds it from a config."""
+
+from __future__ import annotations
+
+import time
+from contextlib import AsyncExitStack
+
+from haltwire import __version__
+from haltwire.ceilings import Ceilings, Clock
+from haltwire.config import GatewayConfig
+from haltwire.gateway.app import GatewayApp
+from haltwire.gateway.proxy import Gateway
+from haltwire.gateway.upstreams import UpstreamError, Upstreams
+from haltwire.killswitch import SuspensionFile
+from haltwire.store.counters import CounterStore
+from haltwire.store.counters.memory import MemoryCounters
+from haltwire.store.counters.redis import RedisCounters
+
+
+def counter_store(config: GatewayConfig) -> CounterStore:
+    c = config.counters
+    if c.backend == "redis":
+        return RedisCounters(c.url, prefix=c.prefix, slot_ttl_s=c.slot_ttl_s, timeout_s=c.timeout_s)
+    return MemoryCounters()
+
+
+def create_app(
+    config: GatewayConfig, *, clock: Clock = time.time, store: CounterStore | None = None
+) -> GatewayApp:
+    """The gateway as an ASGI app. Upstreams connect when the app starts (ASGI lifespan)."""
+    store = store if store is not None else counter_store(config)
+    upstreams = Upstreams(config.upstreams)
+    gateway = Gateway(
+        upstreams, Ceilings(config, store, clock=clock), SuspensionFile(config.gateway.suspended_file)
+    )
+
+    async def startup(stack: AsyncExitStack) -> None:
+        stack.push_async_callback(store.aclose)
+        await upstreams.connect(stack)
+
+    return GatewayApp(
+        gateway,
+        config.token_table(),
+        max_body_bytes=config.gateway.max_body_bytes,
+        version=__version__,
+        on_startup=startup,
+    )
+
+
+__all__ = ["Gateway", "GatewayApp", "UpstreamError", "counter_store", "create_app"]

@@ -1,0 +1,352 @@
+"""The gateway's ASGI application: the HTTP edge, and the fast path for ``tools/call``.
+
+Every request to ``/mcp`` passes the edge first:
+
+1. the bearer token resolves to an identity, or the answer is 401;
+2. an identity suspended at the edge gets 403;
+3. a body larger than ``max_body_bytes`` gets 413.
+
+Then a modern (2026-07-28) ``tools/call`` takes the fast path here: parse, validate the
+envelope with the SDK's own ladder (``classify_inbound_request``), run the ``Gateway``
+pipeline and write the JSON-RPC answer. Anything else (discovery, ``tools/list``,
+handshake-era clients, a request the fast path does not recognise) is replayed, body
+and all, into the official SDK's streamable-HTTP handler, so protocol corner cases
+have one implementation. The fast path exists because the SDK's server machinery costs
+more per call than every check haltwire makes (``benchmarks/gateway.py`` measures both).
+
+Cancellation: the pipeline runs in a task group next to a watcher of the client's
+connection. When the client disconnects, the watcher cancels the group, which cancels
+the upstream request (the upstream sees its stream close) and releases the slot.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from typing import Any, Final
+
+import anyio
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import (
+    ERROR_CODE_HTTP_STATUS,
+    InboundLadderRejection,
+    classify_inbound_request,
+    validate_mcp_param_headers,
+)
+from mcp_types import INTERNAL_ERROR
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from starlette.types import Message, Receive, Scope, Send
+
+from haltwire import refusal
+from haltwire.gateway.proxy import Gateway
+from haltwire.gateway.server import IDENTITY_STATE_KEY, build_server
+from haltwire.identity import Identity, TokenTable, bearer_token
+from haltwire.refusal import Refusal
+
+log = logging.getLogger("haltwire.gateway")
+
+_JSON_HEADERS: Final = [(b"content-type", b"application/json")]
+_SSE_HEADERS: Final = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache, no-transform"),
+    (b"x-accel-buffering", b"no"),
+]
+_MODERN: Final = frozenset(v.encode() for v in MODERN_PROTOCOL_VERSIONS)
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for k, v in scope["headers"]:
+        if k == name:
+            return bytes(v)
+    return None
+
+
+async def _respond(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers or _JSON_HEADERS})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _respond_refusal(send: Send, r: Refusal) -> None:
+    headers = list(_JSON_HEADERS)
+    if r.retry_after_s is not None:
+        headers.append((b"retry-after", str(max(1, round(r.retry_after_s))).encode()))
+    if r.code == "unauthenticated":
+        headers.append((b"www-authenticate", b'Bearer realm="haltwire"'))
+    await _respond(send, r.http_status, r.http_body(), headers)
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise anyio.get_cancelled_exc_class()()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that yields the already-read body once, then defers to the real one."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def _jsonrpc(request_id: Any, result: dict[str, Any]) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}, separators=(",", ":")).encode()
+
+
+def _jsonrpc_error(request_id: Any, code: int, message: str) -> bytes:
+    body = {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+class GatewayApp:
+    """ASGI app: the edge, the fast path, and the SDK server for everything else."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        tokens: TokenTable,
+        *,
+        max_body_bytes: int = 1_048_576,
+        version: str = "0",
+        on_startup: Callable[[AsyncExitStack], Awaitable[None]] | None = None,
+    ) -> None:
+        self.gateway = gateway
+        self.tokens = tokens
+        self.max_body_bytes = max_body_bytes
+        self._on_startup = on_startup
+        self.started = False
+        self._server_info = {"io.modelcontextprotocol/serverInfo": {"name": "haltwire", "version": version}}
+        self._manager = StreamableHTTPSessionManager(
+            app=build_server(gateway, version),
+            stateless=True,
+            json_response=False,
+            # Callers are authenticated by bearer token at the edge; Host/Origin checks
+            # (DNS-rebinding protection for unauthenticated local servers) would only
+            # refuse gateways reached by another name.
+            security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+            max_request_body_size=max_body_bytes,
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path = scope["path"].rstrip("/")
+        if path == "/healthz":
+            await _respond(send, 200, b'{"ok":true}')
+            return
+        if path != "/mcp":
+            await _respond(
+                send, 404, b'{"error":{"code":"not_found","message":"Not found.","retryable":false}}'
+            )
+            return
+        await self._edge(scope, receive, send)
+
+    async def start(self, stack: AsyncExitStack) -> None:
+        """Connect the upstreams and start the SDK handler; ``stack`` owns both until it closes."""
+        if self._on_startup is not None:
+            await self._on_startup(stack)
+        await stack.enter_async_context(self._manager.run())
+        self.started = True
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        # Used when an ASGI server runs the app with lifespan on; ``haltwire gateway``
+        # calls ``start`` itself first so that a failing upstream is a clear start-up error.
+        message = await receive()
+        assert message["type"] == "lifespan.startup"
+        async with AsyncExitStack() as stack:
+            if not self.started:
+                try:
+                    await self.start(stack)
+                except Exception as exc:
+                    log.error("%s", exc)
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+            await send({"type": "lifespan.startup.complete"})
+            message = await receive()
+        await send({"type": "lifespan.shutdown.complete"})
+
+    async def _edge(self, scope: Scope, receive: Receive, send: Send) -> None:
+        token = bearer_token((_header(scope, b"authorization") or b"").decode("latin-1"))
+        if token is None:
+            await _respond_refusal(send, refusal.unauthenticated("no bearer token was sent"))
+            return
+        identity = self.tokens.resolve(token)
+        if identity is None:
+            await _respond_refusal(send, refusal.unauthenticated("the bearer token is not recognised"))
+            return
+        if identity.suspended_at_edge:
+            await _respond_refusal(send, refusal.agent_suspended(identity.agent))
+            return
+        length = _header(scope, b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+            await _respond_refusal(send, refusal.payload_too_large(self.max_body_bytes))
+            return
+        scope.setdefault("state", {})[IDENTITY_STATE_KEY] = identity
+        if (
+            scope["method"] == "POST"
+            and _header(scope, b"mcp-method") == b"tools/call"
+            and _header(scope, b"mcp-protocol-version") in _MODERN
+        ):
+            try:
+                body = await _read_body(receive, self.max_body_bytes)
+            except BodyTooLarge:
+                await _respond_refusal(send, refusal.payload_too_large(self.max_body_bytes))
+                return
+            if await self._tools_call(identity, body, scope, receive, send):
+                return
+            receive = _replay(body, receive)
+        await self._manager.handle_request(scope, receive, send)
+
+    async def _tools_call(
+        self, identity: Identity, body: bytes, scope: Scope, receive: Receive, send: Send
+    ) -> bool:
+        """Serve a modern ``tools/call``; False hands the request to the SDK instead."""
+        try:
+            msg = json.loads(body)
+        except (ValueError, RecursionError):
+            return False
+        if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0" or msg.get("method") != "tools/call":
+            return False
+        request_id = msg.get("id")
+        params = msg.get("params")
+        if (
+            isinstance(request_id, bool)
+            or not isinstance(request_id, str | int)
+            or not isinstance(params, dict)
+        ):
+            return False
+        name, arguments = params.get("name"), params.get("arguments")
+        if not isinstance(name, str) or not (arguments is None or isinstance(arguments, dict)):
+            return False
+        accept = (_header(scope, b"accept") or b"").decode("latin-1")
+        if "application/json" not in accept and "*/*" not in accept:
+            return False
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        if isinstance(classify_inbound_request(msg, headers=headers), InboundLadderRejection):
+            return False
+        schema = self.gateway.upstreams.input_schema(name)
+        checks_headers = schema is not None and (
+            arguments or any(h.startswith("mcp-param-") for h in headers)
+        )
+        if checks_headers and validate_mcp_param_headers(schema, arguments or {}, headers) is not None:
+            return False
+
+        meta = params.get("_meta")
+        meta = meta if isinstance(meta, dict) else None
+        token = meta.get("progressToken") if meta else None
+        wants_progress = (
+            isinstance(token, str | int) and not isinstance(token, bool) and "text/event-stream" in accept
+        )
+        await self._serve_call(
+            identity, request_id, name, arguments, meta, token, wants_progress, receive, send
+        )
+        return True
+
+    async def _serve_call(
+        self,
+        identity: Identity,
+        request_id: str | int,
+        name: str,
+        arguments: dict[str, Any] | None,
+        meta: dict[str, Any] | None,
+        token: Any,
+        wants_progress: bool,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        events_out, events_in = anyio.create_memory_object_stream[bytes](16)
+        outcome: list[dict[str, Any] | Refusal | MCPError] = []
+        report = None
+        if wants_progress:
+
+            async def report(progress: float, total: float | None, message: str | None) -> None:
+                params: dict[str, Any] = {"progressToken": token, "progress": progress}
+                if total is not None:
+                    params["total"] = total
+                if message is not None:
+                    params["message"] = message
+                note = {"jsonrpc": "2.0", "method": "notifications/progress", "params": params}
+                await events_out.send(_sse(note))
+
+        async def run_call() -> None:
+            async with events_out:
+                try:
+                    outcome.append(await self.gateway.call_tool(identity, name, arguments, meta, report))
+                except MCPError as exc:
+                    outcome.append(exc)
+
+        async def watch_disconnect(scope: anyio.CancelScope) -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            scope.cancel()
+
+        committed_sse = False
+        async with events_in, anyio.create_task_group() as tg:
+            tg.start_soon(watch_disconnect, tg.cancel_scope)
+            tg.start_soon(run_call)
+            async for event in events_in:
+                if not committed_sse:
+                    committed_sse = True
+                    await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            tg.cancel_scope.cancel()
+        if not outcome:
+            return  # the client went away; nothing to answer
+        result = outcome[0]
+        status = 200
+        if isinstance(result, MCPError):
+            payload = _jsonrpc_error(request_id, result.code, result.message)
+            status = ERROR_CODE_HTTP_STATUS.get(result.code, 200 if result.code != INTERNAL_ERROR else 500)
+        elif isinstance(result, Refusal):
+            if identity.refuse_at == "edge" and not committed_sse:
+                await _respond_refusal(send, result)
+                return
+            payload = _jsonrpc(request_id, self._stamp(result.tool_result()))
+        else:
+            payload = _jsonrpc(request_id, self._stamp(result))
+        if committed_sse:
+            data = payload.decode()
+            await send(
+                {"type": "http.response.body", "body": f"event: message\r\ndata: {data}\r\n\r\n".encode()}
+            )
+        else:
+            await _respond(send, status, payload)
+
+    def _stamp(self, result: dict[str, Any]) -> dict[str, Any]:
+        result.setdefault("resultType", "complete")
+        meta = result.get("_meta")
+        result["_meta"] = {**meta, **self._server_info} if isinstance(meta, dict) else self._server_info
+        return result
+
+
+def _sse(message: dict[str, Any]) -> bytes:
+    return f"event: message\r\ndata: {json.dumps(message, separators=(',', ':'))}\r\n\r\n".encode()

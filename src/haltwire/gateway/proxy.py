@@ -1,0 +1,81 @@
+"""The enforcement pipeline for one ``tools/call``: the kill switch, the ceilings, the upstream.
+
+Order matters and is fixed: a suspended identity is refused before anything is counted;
+an admitted call holds its slots until the upstream answers, fails, times out or is
+cancelled (the ``finally`` below); the upstream call runs under the tool's deadline, so a
+hung upstream cannot hold a slot.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import anyio
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS
+
+from haltwire import refusal
+from haltwire.ceilings import Ceilings
+from haltwire.gateway.upstreams import Progress, Upstreams, UpstreamUnavailable
+from haltwire.identity import Identity
+from haltwire.killswitch import SuspensionFile
+from haltwire.refusal import Refusal
+from haltwire.store.counters import CountersUnavailable
+
+log = logging.getLogger("haltwire.gateway")
+
+#: How long releasing a slot may take once the call is over (shielded from cancellation).
+RELEASE_TIMEOUT_S = 2.0
+
+
+class UnknownTool(MCPError):
+    def __init__(self, name: str) -> None:
+        super().__init__(INVALID_PARAMS, f"Unknown tool: {name}")
+
+
+class Gateway:
+    def __init__(self, upstreams: Upstreams, ceilings: Ceilings, suspensions: SuspensionFile) -> None:
+        self.upstreams = upstreams
+        self.ceilings = ceilings
+        self.suspensions = suspensions
+
+    async def call_tool(
+        self,
+        identity: Identity,
+        name: str,
+        arguments: dict[str, Any] | None,
+        meta: dict[str, Any] | None = None,
+        progress: Progress | None = None,
+    ) -> dict[str, Any] | Refusal:
+        """The upstream's result in wire form, or the refusal that replaces it.
+
+        Raises ``UnknownTool`` (a JSON-RPC error) for a name no upstream offers.
+        """
+        if self.suspensions.is_suspended(identity.agent):
+            return refusal.agent_suspended(identity.agent)
+        route = self.upstreams.route(name)
+        if route is None:
+            raise UnknownTool(name)
+        ticket = await self.ceilings.admit(identity, name)
+        if isinstance(ticket, Refusal):
+            return ticket
+        try:
+            # The deadline cancels the upstream request (its HTTP stream is closed), so the
+            # upstream sees the cancellation too.
+            with anyio.fail_after(ticket.deadline_s):
+                return await route.upstream.call_tool(route.tool, arguments, meta, progress)
+        except TimeoutError:
+            return refusal.deadline_exceeded(name, ticket.deadline_s)
+        except UpstreamUnavailable as exc:
+            log.warning("upstream unavailable: %s", exc)
+            return refusal.upstream_unavailable(route.upstream.name)
+        finally:
+            # Shielded: a cancelled call (client gone) must still give its slot back.
+            with anyio.move_on_after(RELEASE_TIMEOUT_S, shield=True):
+                try:
+                    await ticket.release()
+                except CountersUnavailable as exc:
+                    log.warning(
+                        "could not release a slot of %s (%s); it expires by itself", identity.agent, exc
+                    )

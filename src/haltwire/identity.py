@@ -1,0 +1,58 @@
+"""Identities: who calls, resolved from the bearer token and nothing else.
+
+Every ceiling is keyed by the identity a token resolves to, never by a connection or a
+session, so a client that reconnects, or starts a new session, is still the same caller.
+Tokens are kept as SHA-256 hashes; the lookup hashes the presented token and reads a dict.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Literal
+
+RefuseAt = Literal["tool", "edge"]
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """An agent identity. ``agent`` is the key every ceiling counts under."""
+
+    agent: str
+    tenant: str = "default"
+    version: str = "0"
+    role: str = "agent"
+    #: Suspended at the HTTP edge: every request gets 403 before any MCP processing.
+    suspended_at_edge: bool = False
+    #: Where this identity's refusals are answered: as tool results (default) or as
+    #: HTTP statuses at the edge (401/403/429/503), as a plain HTTP gateway would.
+    refuse_at: RefuseAt = "tool"
+
+
+def token_sha256(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class TokenTable:
+    """Maps SHA-256 token hashes to identities."""
+
+    def __init__(self, by_hash: dict[str, Identity]) -> None:
+        self._by_hash = dict(by_hash)
+
+    def resolve(self, token: str) -> Identity | None:
+        # A dict lookup on a hash of the token: the hash is what is compared, so the
+        # lookup leaks nothing useful about stored tokens through timing.
+        return self._by_hash.get(token_sha256(token))
+
+    def __len__(self) -> int:
+        return len(self._by_hash)
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token from an ``Authorization: Bearer ...`` header value, or None."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()

@@ -1,0 +1,77 @@
+"""The kill switch file: a list of suspended identities, consulted on every call.
+
+The file is JSON, ``{"suspended": ["ops-bot", ...]}``, written by an operator (or by
+``haltwire suspend``). The gateway stats it on every call and re-reads it only when its
+inode, size or modification time changed, so the check costs one ``stat``.
+
+- Missing file: nobody is suspended.
+- Half-written or malformed file: keep the last list that parsed, and log it. Failing
+  open would lift every suspension; failing closed would suspend everyone.
+- Cleared file: the next call sees it, on the same connection, with no restart.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger("haltwire.killswitch")
+
+
+class SuspensionFile:
+    def __init__(self, path: str | Path | None) -> None:
+        self.path = None if path is None else os.fspath(path)
+        self._seen: tuple[int, int, int] | None = None
+        self._suspended: frozenset[str] = frozenset()
+
+    def suspended(self) -> frozenset[str]:
+        """The identities suspended now."""
+        if self.path is None:
+            return self._suspended
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self._seen = None
+            self._suspended = frozenset()
+            return self._suspended
+        except OSError as exc:
+            log.error("kill switch %s cannot be read (%s); keeping the last good list", self.path, exc)
+            return self._suspended
+        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if stamp != self._seen:
+            self._seen = stamp
+            self._reload()
+        return self._suspended
+
+    def is_suspended(self, agent: str) -> bool:
+        return agent in self.suspended()
+
+    def _reload(self) -> None:
+        assert self.path is not None
+        try:
+            with open(self.path, "rb") as f:
+                data = json.loads(f.read())
+        except FileNotFoundError:
+            self._suspended = frozenset()
+            return
+        except (OSError, ValueError) as exc:
+            log.error("kill switch %s is not valid JSON (%s); keeping the last good list", self.path, exc)
+            return
+        listed = data.get("suspended") if isinstance(data, dict) else None
+        if not isinstance(listed, list) or not all(isinstance(a, str) for a in listed):
+            log.error(
+                "kill switch %s has no list of strings under 'suspended'; keeping the last good list",
+                self.path,
+            )
+            return
+        self._suspended = frozenset(listed)
+
+
+def write_suspensions(path: str | Path, agents: list[str]) -> None:
+    """Write the kill switch atomically (write a temporary file, then rename over the old one)."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"suspended": sorted(set(agents))}))
+    os.replace(tmp, target)

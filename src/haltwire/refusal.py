@@ -1,0 +1,206 @@
+"""Refusals: what an enforcement point answers instead of a tool's result.
+
+A refusal has two readers. The model reads one sentence of text; client code reads
+``structuredContent.error``. Both must say the same thing, so both come from one
+``Refusal`` value. A refusal is returned as a tool result with ``isError`` set, never
+raised: the MCP SDK turns a raised error into bare text and drops its data, the
+``retryable`` flag with it (``tests/test_refusal.py`` pins that SDK behaviour).
+
+Terminal refusals (``retryable: false``) tell the agent to stop and tell the user the
+task is incomplete. Their words never invite another attempt: an agent that obeys
+"please try again" keeps calling until something else stops it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+STOP_AND_TELL: Final = "so stop calling tools and tell the user the task is incomplete."
+
+#: Codes whose refusal is final for the call that received it.
+TERMINAL_CODES: Final = frozenset(
+    {
+        "budget_exhausted",
+        "agent_suspended",
+        "stopped",
+        "lease_expired",
+        "lease_invalid",
+        "policy_denied",
+        "tripwire_tripped",
+        "deadline_exceeded",
+        "unauthenticated",
+    }
+)
+
+#: Codes for conditions that clear by themselves; these carry ``retry_after_s``.
+TRANSIENT_CODES: Final = frozenset({"too_many_in_flight", "counters_unavailable", "upstream_unavailable"})
+
+#: HTTP status for each code when it is answered at the HTTP edge instead of as a tool result.
+HTTP_STATUS: Final[dict[str, int]] = {
+    "unauthenticated": 401,
+    "agent_suspended": 403,
+    "stopped": 403,
+    "policy_denied": 403,
+    "lease_expired": 403,
+    "lease_invalid": 403,
+    "tripwire_tripped": 403,
+    "budget_exhausted": 429,
+    "too_many_in_flight": 429,
+    "counters_unavailable": 503,
+    "upstream_unavailable": 503,
+    "deadline_exceeded": 504,
+    "payload_too_large": 413,
+}
+
+
+def iso_utc(epoch_s: float) -> str:
+    """An ISO 8601 UTC timestamp with a ``Z`` suffix, to the second."""
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """One refusal. ``message`` is the single sentence both readers get."""
+
+    code: str
+    message: str
+    retryable: bool
+    resets_at: str | None = None
+    retry_after_s: float | None = None
+    extra: tuple[tuple[str, Any], ...] = ()
+
+    def error(self) -> dict[str, Any]:
+        """The ``error`` object, as it appears in ``structuredContent`` and HTTP bodies."""
+        out: dict[str, Any] = {"code": self.code, "message": self.message, "retryable": self.retryable}
+        if self.resets_at is not None:
+            out["resets_at"] = self.resets_at
+        if self.retry_after_s is not None:
+            out["retry_after_s"] = self.retry_after_s
+        out.update(self.extra)
+        return out
+
+    def tool_result(self) -> dict[str, Any]:
+        """The refusal as an MCP ``CallToolResult`` in wire form."""
+        return {
+            "isError": True,
+            "content": [{"type": "text", "text": self.message}],
+            "structuredContent": {"error": self.error()},
+        }
+
+    def http_body(self) -> bytes:
+        return json.dumps({"error": self.error()}, separators=(",", ":")).encode()
+
+    @property
+    def http_status(self) -> int:
+        return HTTP_STATUS.get(self.code, 403 if not self.retryable else 503)
+
+
+def _terminal(code: str, clause: str, **fields: Any) -> Refusal:
+    return Refusal(code=code, message=f"{clause}, {STOP_AND_TELL}", retryable=False, **fields)
+
+
+def budget_exhausted(who: str, budget: int, resets_at_s: float, tool: str | None = None) -> Refusal:
+    resets = iso_utc(resets_at_s)
+    what = f"all {budget} calls to {tool}" if tool else f"all {budget} tool calls"
+    return _terminal(
+        "budget_exhausted",
+        f"{who} has used {what} allowed until {resets} and every further call is refused until then",
+        resets_at=resets,
+    )
+
+
+def agent_suspended(who: str, by: str = "an operator") -> Refusal:
+    return _terminal("agent_suspended", f"{who} is suspended by {by}")
+
+
+def deadline_exceeded(tool: str, deadline_s: float) -> Refusal:
+    return _terminal(
+        "deadline_exceeded",
+        f"The call to {tool} did not finish within {deadline_s:g} s and was cancelled "
+        "with its outcome unknown",
+    )
+
+
+def unauthenticated(reason: str) -> Refusal:
+    return _terminal("unauthenticated", f"This request is not authenticated ({reason})")
+
+
+def stopped(scope: str, stop_id: str, reason: str) -> Refusal:
+    return _terminal(
+        "stopped",
+        f"Work in scope {scope} was stopped by an operator ({reason})",
+        extra=(("scope", scope), ("stop_id", stop_id), ("reason", reason)),
+    )
+
+
+def lease_expired(run: str) -> Refusal:
+    return _terminal("lease_expired", f"The lease of run {run} has expired")
+
+
+def lease_invalid(why: str) -> Refusal:
+    return _terminal("lease_invalid", f"The lease presented is not valid ({why})")
+
+
+def policy_denied(who: str, tool: str) -> Refusal:
+    return _terminal("policy_denied", f"{who} may not call {tool}")
+
+
+def tripwire_tripped(name: str, run: str) -> Refusal:
+    return _terminal("tripwire_tripped", f"Tripwire {name} stopped run {run}")
+
+
+def too_many_in_flight(who: str, cap: int, retry_after_s: float = 1.0) -> Refusal:
+    return Refusal(
+        code="too_many_in_flight",
+        message=(
+            f"{who} already has {cap} tool calls in flight, the most allowed at once, "
+            f"so wait {retry_after_s:g} s for one to finish and then send this call again."
+        ),
+        retryable=True,
+        retry_after_s=retry_after_s,
+    )
+
+
+def counters_unavailable(retry_after_s: float = 5.0) -> Refusal:
+    return Refusal(
+        code="counters_unavailable",
+        message=(
+            "The gateway cannot reach its call counters and admits no calls until they are back, "
+            f"so wait {retry_after_s:g} s and then send this call again."
+        ),
+        retryable=True,
+        retry_after_s=retry_after_s,
+    )
+
+
+def upstream_unavailable(upstream: str, retry_after_s: float = 5.0) -> Refusal:
+    return Refusal(
+        code="upstream_unavailable",
+        message=(
+            f"The tool server {upstream} cannot be reached right now, "
+            f"so wait {retry_after_s:g} s and then send this call again."
+        ),
+        retryable=True,
+        retry_after_s=retry_after_s,
+    )
+
+
+def payload_too_large(limit: int) -> Refusal:
+    return Refusal(
+        code="payload_too_large",
+        message=f"The request body is larger than the {limit} bytes this gateway accepts.",
+        retryable=False,
+    )
+
+
+def please_try_again(retry_after_s: float = 0.0) -> Refusal:
+    """The refusal style the seed warns against. Only ``haltwire demo loop`` configures it."""
+    return Refusal(
+        code="rate_limited",
+        message="Rate limited. Please try again.",
+        retryable=True,
+        retry_after_s=retry_after_s,
+    )

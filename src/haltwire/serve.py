@@ -1,0 +1,49 @@
+"""Running ASGI apps on uvicorn inside an existing event loop, with an owner for each server.
+
+``serving`` is used by the CLI, the demos and the tests: it binds the socket first (so
+port 0 gives a free port and the caller learns it), runs uvicorn in a task of the
+caller's task group, and stops it when the block exits.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import uvicorn
+
+
+def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+@asynccontextmanager
+async def serving(app: Any, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
+    """Serve ``app`` until the block exits; yields its base URL (``http://host:port``)."""
+    sock = bind(host, port)
+    actual = sock.getsockname()[1]
+    config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False)
+    server = uvicorn.Server(config)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.serve, [sock])
+        while not server.started:  # noqa: ASYNC110 - uvicorn exposes a flag, not an event
+            await anyio.sleep(0.005)
+        try:
+            yield f"http://{host}:{actual}"
+        finally:
+            server.should_exit = True
+    sock.close()
+
+
+async def serve_forever(app: Any, host: str, port: int) -> None:
+    sock = bind(host, port)
+    config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False)
+    await uvicorn.Server(config).serve([sock])
