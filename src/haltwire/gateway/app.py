@@ -171,10 +171,21 @@ class GatewayApp:
         await self._edge(scope, receive, send)
 
     async def start(self, stack: AsyncExitStack) -> None:
-        """Connect the upstreams and start the SDK handler; ``stack`` owns both until it closes."""
-        if self._on_startup is not None:
-            await self._on_startup(stack)
-        await stack.enter_async_context(self._manager.run())
+        """Connect the upstreams and start the SDK handler; ``stack`` owns both until it closes.
+
+        A start-up failure (an upstream that does not start) is raised as itself, not
+        wrapped in the exception group of the task group it happened in.
+        """
+        try:
+            async with AsyncExitStack() as local:
+                if self._on_startup is not None:
+                    await self._on_startup(local)
+                await local.enter_async_context(self._manager.run())
+                stack.push_async_exit(local.pop_all())
+        except BaseExceptionGroup as group:
+            if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
+                raise group.exceptions[0] from None
+            raise
         self.started = True
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:

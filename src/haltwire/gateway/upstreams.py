@@ -20,10 +20,14 @@ import mcp.types as types
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.dispatcher import ProgressFnT
+from mcp.shared.exceptions import MCPError
+from mcp_types import CONNECTION_CLOSED
 
 from haltwire.config import UpstreamConfig
 
 log = logging.getLogger("haltwire.upstreams")
+
+RECONNECT_MAX_S = 10.0
 
 #: The upstream's own identity stamp; the gateway answers as itself, so it is stripped.
 SERVER_INFO_META = "io.modelcontextprotocol/serverInfo"
@@ -86,22 +90,30 @@ class Upstream:
         """Own the upstream's client for the gateway's lifetime (a task of ``Upstreams.connect``).
 
         Reports started once the tools are listed. If the connection dies later, calls to
-        this upstream are refused as ``upstream_unavailable`` instead of crashing the gateway.
+        this upstream are refused as ``upstream_unavailable`` while this task reconnects,
+        with a backoff of up to ``RECONNECT_MAX_S``; the gateway itself never crashes.
         """
-        started = False
-        try:
-            async with Client(self._target(), cache=None) as client:
-                self._client = client
-                self.tools = await self._list_all()
-                started = True
-                task_status.started()
-                await anyio.sleep_forever()
-        except Exception as exc:
-            if not started:
-                raise
-            log.error("upstream %s went away: %s", self.name, _describe(exc))
-        finally:
-            self._client = None
+        delay = 0.5
+        while True:
+            try:
+                async with Client(self._target(), cache=None) as client:
+                    self._client = client
+                    self.tools = await self._list_all()
+                    if task_status is not anyio.TASK_STATUS_IGNORED:
+                        task_status.started()
+                        task_status = anyio.TASK_STATUS_IGNORED
+                    delay = 0.5
+                    await anyio.sleep_forever()
+            except Exception as exc:
+                if task_status is not anyio.TASK_STATUS_IGNORED:
+                    raise  # never started: a start-up error for the caller
+                log.error(
+                    "upstream %s went away (%s); reconnecting in %.1f s", self.name, _describe(exc), delay
+                )
+            finally:
+                self._client = None
+            await anyio.sleep(delay)
+            delay = min(delay * 2, RECONNECT_MAX_S)
 
     async def start(self, tg: anyio.abc.TaskGroup) -> None:
         where = self.config.url or " ".join(self.config.command or [])
@@ -142,6 +154,11 @@ class Upstream:
             )
         except (httpx2.TransportError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
             raise UpstreamUnavailable(f"{self.name}: {_describe(exc)}") from exc
+        except MCPError as exc:
+            # The SDK fails pending requests this way when the transport dies under them.
+            if exc.code == CONNECTION_CLOSED and exc.message == "Connection closed":
+                raise UpstreamUnavailable(f"{self.name}: connection closed") from exc
+            raise
         wire = result.model_dump(mode="json", by_alias=True, exclude_none=True)
         return strip_server_info(wire)
 

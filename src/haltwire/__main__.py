@@ -1,0 +1,3 @@
+from haltwire.cli import main
+
+main()

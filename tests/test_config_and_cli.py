@@ -1,0 +1,145 @@
+"""Bad input gets a clear error and never a crash: config problems, upstreams that do not start, the CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from haltwire.config import ConfigError, load_config, parse_config
+from haltwire.identity import token_sha256
+
+GOOD = """
+[gateway]
+development = true
+
+[limits]
+budget = 20
+max_in_flight = 2
+
+[[identities]]
+agent = "ops-bot"
+token = "tok-ops"
+
+[[upstreams]]
+name = "demo"
+url = "http://127.0.0.1:9/mcp"
+"""
+
+
+def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "haltwire", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_a_good_config_loads(tmp_path: Path) -> None:
+    path = tmp_path / "gw.toml"
+    path.write_text(GOOD)
+    config = load_config(path)
+    assert config.limits.budget == 20
+    identity = config.token_table().resolve("tok-ops")
+    assert identity is not None and identity.agent == "ops-bot"
+    assert config.token_table().resolve("tok-other") is None
+
+
+@pytest.mark.parametrize(
+    ("toml", "key", "problem"),
+    [
+        (GOOD.replace("budget = 20", 'budget = "lots"'), "limits.budget", "valid integer"),
+        (GOOD.replace("budget = 20", "budget = -1"), "limits.budget", "greater than or equal to 0"),
+        (GOOD.replace("max_in_flight = 2", "max_inflight = 2"), "limits.max_inflight", "Extra inputs"),
+        (GOOD.replace('token = "tok-ops"', ""), "identities[0]", "exactly one of token_sha256 or token"),
+        (GOOD.replace('url = "http://127.0.0.1:9/mcp"', ""), "upstreams[0]", "exactly one of url"),
+        (GOOD.replace("development = true", "development = false"), "(top level)", "plain 'token'"),
+        (GOOD.replace('token = "tok-ops"', 'token_sha256 = "abc"'), "identities[0].token_sha256", "64"),
+        (GOOD + '\n[counters]\nbackend = "memcached"\n', "counters.backend", "'memory' or 'redis'"),
+    ],
+)
+def test_a_bad_config_names_the_file_the_key_and_the_problem(
+    tmp_path: Path, toml: str, key: str, problem: str
+) -> None:
+    path = tmp_path / "gw.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    message = str(raised.value)
+    assert message.startswith(f"{path}: {key}: "), message
+    assert problem in message
+
+
+def test_invalid_toml_and_a_missing_file(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[gateway\n")
+    with pytest.raises(ConfigError, match=r"broken\.toml: not valid TOML"):
+        load_config(broken)
+    with pytest.raises(ConfigError, match=r"missing\.toml: cannot read the file"):
+        load_config(tmp_path / "missing.toml")
+
+
+def test_slot_ttl_must_outlast_the_longest_deadline() -> None:
+    data = {
+        "counters": {"backend": "redis", "slot_ttl_s": 60},
+        "limits": {"tools": {"export": {"deadline_s": 120}}},
+        "upstreams": [{"name": "u", "url": "http://127.0.0.1:9/mcp"}],
+    }
+    with pytest.raises(ConfigError, match=r"slot_ttl_s \(60\) must exceed the longest deadline \(120 s\)"):
+        parse_config(data, "x.toml")
+
+
+def test_hashed_tokens_resolve_without_the_plain_token_in_the_config() -> None:
+    data = {
+        "identities": [{"agent": "ops-bot", "token_sha256": token_sha256("s3cret")}],
+        "upstreams": [{"name": "u", "url": "http://127.0.0.1:9/mcp"}],
+    }
+    table = parse_config(data).token_table()
+    resolved = table.resolve("s3cret")
+    assert resolved is not None and resolved.agent == "ops-bot"
+
+
+def test_cli_exits_2_on_a_bad_config(tmp_path: Path) -> None:
+    path = tmp_path / "gw.toml"
+    path.write_text(GOOD.replace("budget = 20", 'budget = "lots"'))
+    done = run_cli("gateway", "--config", str(path))
+    assert done.returncode == 2
+    assert f"{path}: limits.budget:" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_cli_exits_2_naming_an_upstream_command_that_does_not_start(tmp_path: Path) -> None:
+    path = tmp_path / "gw.toml"
+    path.write_text(
+        GOOD.replace('url = "http://127.0.0.1:9/mcp"', 'command = ["/nonexistent/mcp-server", "--stdio"]')
+    )
+    done = run_cli("gateway", "--config", str(path), "--port", "0")
+    assert done.returncode == 2, done.stderr
+    assert "upstream 'demo'" in done.stderr and "/nonexistent/mcp-server" in done.stderr
+    assert "did not start" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_cli_exits_2_naming_an_http_upstream_that_is_not_there(tmp_path: Path) -> None:
+    path = tmp_path / "gw.toml"
+    path.write_text(GOOD.replace("[[upstreams]]", "[[upstreams]]\nconnect_timeout_s = 3"))
+    done = run_cli("gateway", "--config", str(path), "--port", "0")
+    assert done.returncode == 2, done.stderr
+    assert "upstream 'demo' (http://127.0.0.1:9/mcp) did not start" in done.stderr
+
+
+def test_hash_token_prints_the_sha256() -> None:
+    done = run_cli("hash-token", "tok-ops")
+    assert done.returncode == 0
+    assert done.stdout.strip() == token_sha256("tok-ops")
+
+
+def test_the_example_config_is_valid() -> None:
+    config = load_config(Path(__file__).parent.parent / "examples" / "gateway.toml")
+    billing = config.token_table().resolve("tok-billing")
+    assert billing is not None and billing.refuse_at == "edge"
+    assert config.gateway.suspended_file is not None and config.gateway.suspended_file.is_absolute()
