@@ -143,3 +143,19 @@ def test_the_example_config_is_valid() -> None:
     billing = config.token_table().resolve("tok-billing")
     assert billing is not None and billing.refuse_at == "edge"
     assert config.gateway.suspended_file is not None and config.gateway.suspended_file.is_absolute()
+
+
+def test_suspend_and_unsuspend_edit_the_kill_switch(tmp_path: Path) -> None:
+    from haltwire.killswitch import SuspensionFile
+
+    path = tmp_path / "suspended.json"
+    switch = SuspensionFile(path)
+    assert run_cli("suspend", "ops-bot", "billing-bot", "--file", str(path)).returncode == 0
+    assert switch.suspended() == {"ops-bot", "billing-bot"}
+    done = run_cli("unsuspend", "ops-bot", "--file", str(path))
+    assert done.returncode == 0 and "billing-bot" in done.stdout
+    assert switch.suspended() == {"billing-bot"}
+    path.write_text("{not json")
+    broken = run_cli("suspend", "ops-bot", "--file", str(path))
+    assert broken.returncode == 2 and "Traceback" not in broken.stderr
+    assert path.read_text() == "{not json", "a malformed file is left for the operator to fix"

@@ -62,6 +62,20 @@ def _hash_token(args: argparse.Namespace) -> int:
     return 0
 
 
+def _suspend(args: argparse.Namespace) -> int:
+    from haltwire.killswitch import read_suspensions, write_suspensions
+
+    try:
+        current = set(read_suspensions(args.file))
+    except (ValueError, OSError) as exc:
+        print(f"haltwire {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    wanted = current | set(args.agents) if args.command == "suspend" else current - set(args.agents)
+    write_suspensions(args.file, sorted(wanted))
+    print(f"suspended: {', '.join(sorted(wanted)) or '(nobody)'}")
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     if args.demo == "upstream":
         from haltwire.demo.upstream import main as upstream_main
@@ -89,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     ht = sub.add_parser("hash-token", help="print the SHA-256 of a token, for token_sha256 in the config")
     ht.add_argument("token")
     ht.set_defaults(func=_hash_token)
+
+    for name, verb in (("suspend", "add"), ("unsuspend", "remove")):
+        sp = sub.add_parser(name, help=f"{verb} identities in the kill-switch file (written atomically)")
+        sp.add_argument("agents", nargs="+", metavar="AGENT")
+        sp.add_argument("--file", required=True, help="the gateway's gateway.suspended_file")
+        sp.set_defaults(func=_suspend)
 
     demo = sub.add_parser("demo", help="run a demo: 'loop' (the seed's scenarios) or 'upstream'")
     demo.add_argument("demo", choices=["loop", "upstream"])

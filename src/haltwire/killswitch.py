@@ -1,7 +1,7 @@
 """The kill switch file: a list of suspended identities, consulted on every call.
 
-The file is JSON, ``{"suspended": ["ops-bot", ...]}``, written by an operator (or by
-``haltwire suspend``). The gateway stats it on every call and re-reads it only when its
+The file is JSON, ``{"suspended": ["ops-bot", ...]}``, written by an operator, best with
+``haltwire suspend AGENT --file PATH`` (and ``unsuspend``), which replace it atomically. The gateway stats it on every call and re-reads it only when its
 inode, size or modification time changed, so the check costs one ``stat``.
 
 - Missing file: nobody is suspended.
@@ -52,21 +52,30 @@ class SuspensionFile:
         assert self.path is not None
         try:
             with open(self.path, "rb") as f:
-                data = json.loads(f.read())
+                self._suspended = frozenset(parse_suspensions(f.read()))
         except FileNotFoundError:
             self._suspended = frozenset()
-            return
         except (OSError, ValueError) as exc:
-            log.error("kill switch %s is not valid JSON (%s); keeping the last good list", self.path, exc)
-            return
-        listed = data.get("suspended") if isinstance(data, dict) else None
-        if not isinstance(listed, list) or not all(isinstance(a, str) for a in listed):
-            log.error(
-                "kill switch %s has no list of strings under 'suspended'; keeping the last good list",
-                self.path,
-            )
-            return
-        self._suspended = frozenset(listed)
+            log.error("kill switch %s is malformed (%s); keeping the last good list", self.path, exc)
+
+
+def parse_suspensions(raw: bytes) -> list[str]:
+    """The list in a kill-switch file's bytes. Raises ValueError when it is not the expected JSON."""
+    data = json.loads(raw)
+    listed = data.get("suspended") if isinstance(data, dict) else None
+    if not isinstance(listed, list) or not all(isinstance(a, str) for a in listed):
+        raise ValueError('expected {"suspended": ["agent-id", ...]}')
+    return listed
+
+
+def read_suspensions(path: str | Path) -> list[str]:
+    """The list in the file now; a missing file is an empty list. Raises ValueError if malformed."""
+    try:
+        return parse_suspensions(Path(path).read_bytes())
+    except FileNotFoundError:
+        return []
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
 
 
 def write_suspensions(path: str | Path, agents: list[str]) -> None:
