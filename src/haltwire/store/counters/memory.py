@@ -1,8 +1,13 @@
 """In-memory counters for a single gateway process.
 
 Correct only while one process enforces the limits: three gateways each counting in
-memory allow three times the budget (``tests/test_redis_counters.py`` shows it on
+memory allow three times the budget (``tests/test_redis_gateways.py`` shows it on
 purpose). Atomic because the event loop runs one ``admit`` at a time and it never awaits.
+
+Same semantics as the Redis store: each window number has its own count (a late call
+stamped with the previous window counts there and never resets the current one), and a
+slot is held by its ``slot_id``, so releasing twice, or releasing an id that holds
+nothing, gives back no one else's slot.
 """
 
 from __future__ import annotations
@@ -14,37 +19,42 @@ from haltwire.store.counters import ADMITTED, BudgetCounter, Decision, SlotCount
 
 class MemoryCounters:
     def __init__(self) -> None:
-        # key -> (window number, calls counted in it); one entry per key, so memory stays bounded.
-        self._budgets: dict[str, tuple[int, int]] = {}
-        self._slots: dict[str, int] = {}
+        # key -> {window number: calls counted in it}; only the newest two windows of a key
+        # are kept, so memory stays bounded.
+        self._budgets: dict[str, dict[int, int]] = {}
+        # key -> ids of the admissions holding a slot.
+        self._slots: dict[str, set[str]] = {}
 
     async def admit(
         self, budgets: Sequence[BudgetCounter], slots: Sequence[SlotCounter], slot_id: str, now: float
     ) -> Decision:
         for i, b in enumerate(budgets):
-            window, used = self._budgets.get(b.key, (b.window, 0))
-            if window == b.window and used >= b.limit:
+            if self._budgets.get(b.key, {}).get(b.window, 0) >= b.limit:
                 return Decision(("budget", i))
         for i, s in enumerate(slots):
-            if self._slots.get(s.key, 0) >= s.limit:
+            if len(self._slots.get(s.key, ())) >= s.limit:
                 return Decision(("slots", i))
         for b in budgets:
-            window, used = self._budgets.get(b.key, (b.window, 0))
-            self._budgets[b.key] = (b.window, used + 1 if window == b.window else 1)
+            counts = self._budgets.setdefault(b.key, {})
+            counts[b.window] = counts.get(b.window, 0) + 1
+            newest = max(counts)
+            for old in [w for w in counts if w < newest - 1]:
+                del counts[old]
         for s in slots:
-            self._slots[s.key] = self._slots.get(s.key, 0) + 1
+            self._slots.setdefault(s.key, set()).add(slot_id)
         return ADMITTED
 
     async def release(self, slots: Sequence[SlotCounter], slot_id: str) -> None:
         for s in slots:
-            left = self._slots.get(s.key, 0) - 1
-            if left > 0:
-                self._slots[s.key] = left
-            else:
-                self._slots.pop(s.key, None)
+            held = self._slots.get(s.key)
+            if held is None:
+                continue
+            held.discard(slot_id)
+            if not held:
+                del self._slots[s.key]
 
     def in_flight(self, key: str) -> int:
-        return self._slots.get(key, 0)
+        return len(self._slots.get(key, ()))
 
     async def aclose(self) -> None:
         return None

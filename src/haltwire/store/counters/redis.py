@@ -12,6 +12,7 @@ would count the call twice) and no fallback to counting in memory.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,7 +24,10 @@ from redis.exceptions import RedisError
 from haltwire.store.counters import ADMITTED, BudgetCounter, CountersUnavailable, Decision, SlotCounter
 
 # KEYS: budget keys, then slot keys.
-# ARGV: n_budgets, now_ms, slot_ttl_ms, slot_id, then (limit, expire_at_ms) per budget, then limit per slot.
+# ARGV: n_budgets, now_ms, slot_ttl_ms, slot_id, then (limit, ttl_ms) per budget, then limit per slot.
+# Every time comes from the caller's clock (``now``) and every expiry is relative to it: an
+# absolute PEXPIREAT would be read on the Redis server's clock, and a gateway clock behind it
+# (or a test clock) would delete a budget's counter as soon as it is counted: no budget at all.
 # Returns {0, 0} when admitted, {1, i} when budget i refused, {2, j} when slot counter j refused.
 _ADMIT = """
 local nb = tonumber(ARGV[1])
@@ -41,7 +45,7 @@ for j = 1, ns do
   if redis.call('ZCARD', k) >= tonumber(ARGV[4 + 2 * nb + j]) then return {2, j} end
 end
 for i = 1, nb do
-  if redis.call('INCR', KEYS[i]) == 1 then redis.call('PEXPIREAT', KEYS[i], ARGV[4 + 2 * i]) end
+  if redis.call('INCR', KEYS[i]) == 1 then redis.call('PEXPIRE', KEYS[i], ARGV[4 + 2 * i]) end
 end
 for j = 1, ns do
   redis.call('ZADD', KEYS[nb + j], now + ttl, id)
@@ -56,6 +60,22 @@ return 0
 """
 
 
+def _no_maintenance_notifications() -> dict[str, Any]:
+    """Client options that turn redis-py's maintenance notifications off, where it has them.
+
+    Recent redis-py turns them on ("auto") over RESP3. With them on, the pool skips its check
+    for stale connections before handing one out, so after Redis restarts (or closes idle
+    clients) every pooled connection fails one admission; and during maintenance the socket
+    timeout is relaxed to 10 s, far past the admission timeout. Checking a connection before
+    use is safe (no command was sent on it), unlike retrying a command.
+    """
+    try:
+        from redis.maint_notifications import MaintNotificationsConfig
+    except ImportError:  # an older redis-py: nothing to turn off
+        return {}
+    return {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
+
+
 class RedisCounters:
     def __init__(
         self,
@@ -67,13 +87,14 @@ class RedisCounters:
         client: aioredis.Redis | None = None,
     ) -> None:
         self._prefix = prefix
-        self._slot_ttl_ms = int(slot_ttl_s * 1000)
+        self._slot_ttl_ms = max(1, round(slot_ttl_s * 1000))
         self._redis = client or aioredis.Redis.from_url(
             url,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
             retry=Retry(NoBackoff(), 0),
             retry_on_timeout=False,
+            **_no_maintenance_notifications(),
         )
         self._admit = self._redis.register_script(_ADMIT)
         self._release = self._redis.register_script(_RELEASE)
@@ -93,7 +114,7 @@ class RedisCounters:
         args: list[Any] = [len(budgets), int(now * 1000), self._slot_ttl_ms, slot_id]
         for b in budgets:
             # Keep a window's counter a minute past its end, for late readers and clock skew.
-            args += [b.limit, int((b.window_ends_at + 60) * 1000)]
+            args += [b.limit, max(1, math.ceil((b.window_ends_at + 60 - now) * 1000))]
         args += [s.limit for s in slots]
         try:
             self.round_trips += 1
