@@ -119,8 +119,11 @@ def _jsonrpc(request_id: Any, result: dict[str, Any]) -> bytes:
     return json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}, separators=(",", ":")).encode()
 
 
-def _jsonrpc_error(request_id: Any, code: int, message: str) -> bytes:
-    body = {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
+def _jsonrpc_error(request_id: Any, code: int, message: str, data: Any = None) -> bytes:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    body = {"jsonrpc": "2.0", "id": request_id, "error": error}
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -335,7 +338,7 @@ class GatewayApp:
         result = outcome[0]
         status = 200
         if isinstance(result, MCPError):
-            payload = _jsonrpc_error(request_id, result.code, result.message)
+            payload = _jsonrpc_error(request_id, result.code, result.message, result.data)
             status = ERROR_CODE_HTTP_STATUS.get(result.code, 200 if result.code != INTERNAL_ERROR else 500)
         elif isinstance(result, Refusal):
             if identity.refuse_at == "edge" and not committed_sse:

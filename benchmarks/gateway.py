@@ -1,0 +1,740 @@
+"""What haltwire costs: the admission decision, and a ``tools/call`` through the gateway.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/gateway.py            # full run, about 2-3 minutes
+    .venv/bin/python benchmarks/gateway.py --quick    # a short run
+
+It prints:
+
+(a) the in-memory admission decision (``Ceilings.admit`` + ``Ticket.release`` on
+    ``MemoryCounters``), p50/p99 in microseconds;
+(b) the same on ``RedisCounters`` against ``--redis`` (a unique key prefix, deleted
+    afterwards), with round trips per admission and per admit+release, both from the
+    store's own counter and counted on the wire;
+(c) ``tools/call`` latency (p50/p99, one call at a time) and throughput (several concurrent
+    callers) on loopback, with the official MCP client, going
+
+    - ``direct``: straight to the demo upstream;
+    - ``haltwire``: through the gateway (memory counters, limits too large to refuse);
+    - ``bare``/``bare+schema``: a pass-through on the SDK's low-level ``Server`` with no checks,
+      forwarding with one long-lived ``mcp.Client``; ``+schema`` supplies
+      ``get_tool_input_schema`` (without it the SDK runs the server's own ``tools/list``
+      handler before each call with arguments, to validate ``Mcp-Param-*`` headers);
+    - ``fastmcp``: FastMCP's ``create_proxy`` over an already-connected client, with its
+      ``RateLimitingMiddleware`` keyed by the caller's bearer token;
+
+    and how many upstream HTTP requests each ``tools/call`` cost.
+
+Every server runs in its own process (the demo upstream, each proxy), and the client runs
+in this one, so no two of them share an interpreter. The variants are interleaved in
+rounds, in a rotating order, so a slow moment of the machine lands on all of them.
+
+The upstream is the demo upstream (``haltwire demo upstream``: ``DemoUpstream`` on uvicorn),
+here under a thin ASGI wrapper that counts the HTTP requests it receives
+(``GET /requests``); its own ``GET /state`` gives the tool calls it served.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+
+HOST = "127.0.0.1"
+TOKEN = "tok-bench"
+AGENT = "bench-bot"
+TOOL = "lookup_order"
+ARGS = {"order_id": "1"}
+VARIANTS = ["direct", "haltwire", "bare", "bare+schema", "fastmcp"]
+SCRIPT = str(Path(__file__).resolve())
+
+
+# --------------------------------------------------------------------------------------
+# Server roles: each runs in its own process (``gateway.py serve ROLE ...``).
+# --------------------------------------------------------------------------------------
+
+
+def _counting(app: Any, counts: Counter[str]) -> Any:
+    """Wrap an ASGI app: count every HTTP request by method and Mcp-Method; serve GET /requests."""
+    import json
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            if scope["path"] == "/requests":
+                body = json.dumps(dict(counts)).encode()
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 200,
+                        "headers": [(b"content-type", b"application/json")],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+            method = ""
+            for k, v in scope["headers"]:
+                if k == b"mcp-method":
+                    method = v.decode("latin-1")
+            counts[scope["method"]] += 1
+            counts[f"{scope['method']} {method}"] += 1
+        await app(scope, receive, send)
+
+    return wrapped
+
+
+async def serve_upstream(port: int) -> None:
+    from haltwire.demo.upstream import DemoUpstream
+    from haltwire.serve import serve_forever
+
+    demo = DemoUpstream()
+    await serve_forever(_counting(demo.http_app(), Counter()), HOST, port)
+
+
+async def serve_bare(upstream: str, port: int, with_schema: bool) -> None:
+    """A pass-through on the SDK's low-level Server: no checks, one long-lived client upstream."""
+    import mcp.types as types
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.server.lowlevel import Server
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    from haltwire.serve import serve_forever
+
+    http = httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=None))
+    async with http, Client(streamable_http_client(upstream, http_client=http), cache=None) as client:
+        tools = (await client.list_tools()).tools
+        schemas = {t.name: dict(t.input_schema) for t in tools}
+
+        async def on_list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+            return types.ListToolsResult(tools=tools)
+
+        async def on_call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+            return await client.call_tool(params.name, params.arguments)
+
+        server: Server[Any] = Server(
+            "bare",
+            on_list_tools=on_list_tools,
+            on_call_tool=on_call_tool,
+            get_tool_input_schema=schemas.get if with_schema else None,
+        )
+        app = server.streamable_http_app(
+            stateless_http=True,
+            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        )
+        await serve_forever(app, HOST, port)
+
+
+async def serve_fastmcp(upstream: str, port: int) -> None:
+    """FastMCP's create_proxy over an already-connected client, rate-limited per bearer token."""
+    from fastmcp import Client as FastMCPClient
+    from fastmcp.server import create_proxy
+    from fastmcp.server.dependencies import get_http_request
+    from fastmcp.server.middleware.rate_limiting import RateLimitingMiddleware
+
+    from haltwire.serve import serve_forever
+
+    def caller(context: Any) -> str:
+        return str(get_http_request().headers.get("authorization", "anonymous"))
+
+    async with FastMCPClient(upstream) as backend:
+        # A connected client: the proxy reuses its session for every request instead of
+        # opening a fresh backend session per request (the fastest configuration).
+        proxy = create_proxy(backend, name="fastmcp-proxy")
+        proxy.add_middleware(
+            RateLimitingMiddleware(max_requests_per_second=1e9, burst_capacity=10**9, get_client_id=caller)
+        )
+        app = proxy.http_app(stateless_http=True, json_response=True, host_origin_protection=False)
+        await serve_forever(app, HOST, port)
+
+
+def gateway_config(upstream: str) -> str:
+    return f"""
+[gateway]
+development = true
+
+[counters]
+backend = "memory"
+
+[limits]
+budget = 1000000000
+window_s = 3600
+max_in_flight = 100000
+
+[[identities]]
+agent = "{AGENT}"
+token = "{TOKEN}"
+
+[[upstreams]]
+name = "demo"
+url = "{upstream}"
+"""
+
+
+# --------------------------------------------------------------------------------------
+# Statistics and processes
+# --------------------------------------------------------------------------------------
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    if not s:
+        return float("nan")
+    k = (len(s) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def load_average() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User+system CPU time of a process, from /proc (Linux)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Proc:
+    name: str
+    url: str
+    popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.popen is None else self.popen.pid
+
+
+def spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with log.open("wb") as out:
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
+
+
+def _read(log: Path) -> str:
+    return log.read_text(errors="replace")
+
+
+async def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    """Wait until ``url`` answers HTTP at all (30 s at most), or fail with the server's log."""
+    with anyio.move_on_after(30):
+        async with httpx2.AsyncClient(timeout=2.0) as http:
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{url}: the server exited ({proc.returncode}):\n{_read(log)}")
+                try:
+                    # Any HTTP answer will do; streamed, since a GET of an MCP endpoint may be an
+                    # SSE stream that never ends.
+                    async with http.stream("GET", url, headers={"accept": "application/json"}):
+                        return
+                except httpx2.TransportError:
+                    await anyio.sleep(0.05)
+    raise RuntimeError(f"{url} did not come up in 30 s:\n{_read(log)}")
+
+
+@contextlib.contextmanager
+def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+# --------------------------------------------------------------------------------------
+# (a), (b): the admission decision
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class AdmitStats:
+    admit_us: list[float]
+    both_us: list[float]
+    rt_admit: float = float("nan")
+    rt_both: float = float("nan")
+    wire_admit: float = float("nan")
+    wire_both: float = float("nan")
+
+
+async def _admit_loop(ceilings: Any, identity: Any, n: int) -> tuple[list[float], list[float]]:
+    from haltwire.refusal import Refusal
+
+    admit: list[float] = []
+    both: list[float] = []
+    clock = time.perf_counter_ns
+    for _ in range(n):
+        t0 = clock()
+        ticket = await ceilings.admit(identity, TOOL)
+        t1 = clock()
+        if isinstance(ticket, Refusal):
+            raise RuntimeError(f"the benchmark's ceilings refused a call: {ticket}")
+        await ticket.release()
+        t2 = clock()
+        admit.append((t1 - t0) / 1000)
+        both.append((t2 - t0) / 1000)
+    return admit, both
+
+
+def _ceilings(store: Any, *, slot_ttl_s: float = 300.0) -> tuple[Any, Any]:
+    from haltwire.ceilings import Ceilings
+    from haltwire.config import parse_config
+    from haltwire.identity import Identity
+
+    config = parse_config(
+        {
+            "gateway": {"development": True},
+            "limits": {"budget": 10**12, "max_in_flight": 100_000},
+            "identities": [{"agent": AGENT, "token": TOKEN}],
+            "upstreams": [{"name": "demo", "url": "http://127.0.0.1:1/mcp"}],
+        }
+    )
+    return Ceilings(config, store), Identity(agent=AGENT)
+
+
+async def bench_memory(n: int) -> AdmitStats:
+    from haltwire.store.counters.memory import MemoryCounters
+
+    ceilings, identity = _ceilings(MemoryCounters())
+    await _admit_loop(ceilings, identity, min(n, 2000))  # warm-up
+    admit, both = await _admit_loop(ceilings, identity, n)
+    return AdmitStats(admit, both)
+
+
+async def bench_redis(url: str, n: int) -> AdmitStats | str:
+    import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+    from redis.exceptions import RedisError
+
+    from haltwire.store.counters.redis import RedisCounters
+
+    wire = Counter[str]()
+
+    class CountingConnection(aioredis.Connection):
+        """Counts commands written to the socket: the round trips actually made."""
+
+        async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            wire["sent"] += 1
+            await super().send_packed_command(command, check_health)
+
+    prefix = f"hwbench-{uuid.uuid4().hex[:12]}"
+    # The client RedisCounters builds for itself, plus a connection class that counts.
+    extra: dict[str, Any] = {}
+    with contextlib.suppress(ImportError):
+        from redis.maint_notifications import MaintNotificationsConfig
+
+        extra["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
+    client = aioredis.Redis.from_url(
+        url,
+        socket_timeout=0.5,
+        socket_connect_timeout=0.5,
+        retry=Retry(NoBackoff(), 0),
+        retry_on_timeout=False,
+        connection_class=CountingConnection,
+        **extra,
+    )
+    store = RedisCounters(prefix=prefix, client=client)
+    try:
+        try:
+            await store.ping()
+        except Exception as exc:
+            return f"skipped: Redis at {url} cannot be reached ({exc})"
+        ceilings, identity = _ceilings(store)
+        await _admit_loop(ceilings, identity, 200)  # warm-up: connection, script load
+        rt0, w0 = store.round_trips, wire["sent"]
+        from haltwire.store.counters import BudgetCounter, SlotCounter
+
+        # Round trips for one admission alone, then for admit+release, on the wire.
+        b = [BudgetCounter(f"{AGENT}:b", 0, 10**12, time.time() + 3600)]
+        s = [SlotCounter(f"{AGENT}:f", 100_000)]
+        k = 100
+        for _ in range(k):
+            await store.admit(b, s, "x", time.time())
+        rt_admit = (store.round_trips - rt0) / k
+        wire_admit = (wire["sent"] - w0) / k
+        for _ in range(k):
+            await store.release(s, "x")
+        rt1, w1 = store.round_trips, wire["sent"]
+        admit, both = await _admit_loop(ceilings, identity, n)
+        stats = AdmitStats(admit, both, rt_admit=rt_admit, wire_admit=wire_admit)
+        stats.rt_both = (store.round_trips - rt1) / n
+        stats.wire_both = (wire["sent"] - w1) / n
+        return stats
+    finally:
+        with contextlib.suppress(RedisError, OSError):
+            cleaner = aioredis.Redis.from_url(url)
+            keys = [k async for k in cleaner.scan_iter(match=f"{prefix}:*", count=1000)]
+            if keys:
+                await cleaner.delete(*keys)
+            await cleaner.aclose()
+        await store.aclose()
+
+
+# --------------------------------------------------------------------------------------
+# (c): tools/call end to end
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class VariantStats:
+    latencies_ms: list[float] = field(default_factory=list)
+    rounds_p50: list[float] = field(default_factory=list)
+    throughput: list[float] = field(default_factory=list)  # calls/s per round
+    calls: int = 0
+    upstream_posts: int = 0
+    upstream_served: int = 0
+    proxy_cpu_s: float = 0.0
+    proxy_cpu_calls: int = 0
+    client_cpu_s: float = 0.0
+    errors: int = 0
+
+
+@contextlib.asynccontextmanager
+async def mcp_client(url: str) -> AsyncIterator[Any]:
+    """The official MCP client over streamable HTTP, with a bearer token, no response cache."""
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    http = httpx2.AsyncClient(
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=httpx2.Timeout(30.0, read=60.0),
+        limits=httpx2.Limits(max_connections=64, max_keepalive_connections=64),
+    )
+    async with http, Client(streamable_http_client(url, http_client=http), cache=None) as client:
+        # List once, as an agent does: the client validates structured results against the
+        # listed output schema (it would otherwise list on the first call).
+        await client.list_tools()
+        yield client
+
+
+async def one_call(client: Any) -> bool:
+    result = await client.call_tool(TOOL, ARGS)
+    return not result.is_error and result.structured_content == {"order_id": "1", "status": "shipped"}
+
+
+async def latency_block(client: Any, n: int, stats: VariantStats) -> None:
+    clock = time.perf_counter
+    lat: list[float] = []
+    for _ in range(n):
+        t0 = clock()
+        ok = await one_call(client)
+        lat.append((clock() - t0) * 1000)
+        if not ok:
+            stats.errors += 1
+    stats.latencies_ms += lat
+    stats.rounds_p50.append(statistics.median(lat))
+
+
+async def throughput_block(client: Any, n: int, concurrency: int, stats: VariantStats) -> None:
+    remaining = n
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            if not await one_call(client):
+                stats.errors += 1
+
+    t0 = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for _ in range(concurrency):
+            tg.start_soon(worker)
+    stats.throughput.append(n / (time.perf_counter() - t0))
+
+
+async def upstream_counts(http: httpx2.AsyncClient, base: str) -> tuple[int, int]:
+    """(HTTP POSTs of any kind, tool calls served) at the upstream so far."""
+    posts = (await http.get(f"{base}/requests")).json().get("POST", 0)
+    served = (await http.get(f"{base}/state")).json()["total_served"]
+    return int(posts), int(served)
+
+
+async def bench_calls(
+    opts: argparse.Namespace, workdir: Path
+) -> tuple[dict[str, VariantStats], dict[str, Any]]:
+    rounds, per_round, tput_n, conc, warm = (
+        opts.rounds,
+        opts.calls,
+        opts.tput_calls,
+        opts.concurrency,
+        opts.warmup,
+    )
+    py = sys.executable
+    me = SCRIPT
+    info: dict[str, Any] = {}
+    with processes() as procs:
+        up_port = free_port()
+        upstream_base = f"http://{HOST}:{up_port}"
+        upstream_mcp = f"{upstream_base}/mcp"
+        log = workdir / "upstream.log"
+        procs.append(spawn([py, me, "serve", "upstream", "--port", str(up_port)], log))
+        await wait_ready(f"{upstream_base}/state", procs[-1], log)
+
+        servers: dict[str, Proc] = {"direct": Proc("direct", upstream_mcp, procs[0])}
+        cfg = workdir / "haltwire.toml"
+        cfg.write_text(gateway_config(upstream_mcp))
+        serve = [py, me, "serve"]
+        commands: dict[str, list[str]] = {
+            "haltwire": [py, "-m", "haltwire", "gateway", "--config", str(cfg), "--port", "{port}"],
+            "bare": [*serve, "bare", "--upstream", upstream_mcp, "--port", "{port}"],
+            "bare+schema": [*serve, "bare", "--schema", "--upstream", upstream_mcp, "--port", "{port}"],
+            "fastmcp": [*serve, "fastmcp", "--upstream", upstream_mcp, "--port", "{port}"],
+        }
+        for name, cmd in commands.items():
+            if name not in opts.variants:
+                continue
+            port = free_port()
+            log = workdir / f"{name.replace('+', '-')}.log"
+            procs.append(spawn([c.replace("{port}", str(port)) for c in cmd], log))
+            base = f"http://{HOST}:{port}"
+            await wait_ready(f"{base}/mcp", procs[-1], log)
+            servers[name] = Proc(name, f"{base}/mcp", procs[-1])
+
+        names = [v for v in VARIANTS if v in opts.variants]
+        stats = {v: VariantStats() for v in names}
+        async with contextlib.AsyncExitStack() as stack, httpx2.AsyncClient(timeout=5.0) as http:
+            clients = {v: await stack.enter_async_context(mcp_client(servers[v].url)) for v in names}
+            for v in names:  # warm-up: imports, connections, caches
+                for _ in range(warm):
+                    await one_call(clients[v])
+                await throughput_block(clients[v], conc * 4, conc, VariantStats())
+            for r in range(rounds):
+                order = names[r % len(names) :] + names[: r % len(names)]
+                for v in order:
+                    s = stats[v]
+                    pid = servers[v].pid
+                    posts0, served0 = await upstream_counts(http, upstream_base)
+                    cpu0 = cpu_seconds(pid) if pid is not None else 0.0
+                    me0 = os.times()
+                    await latency_block(clients[v], per_round, s)
+                    me1 = os.times()
+                    s.client_cpu_s += me1.user - me0.user + me1.system - me0.system
+                    if pid is not None:
+                        s.proxy_cpu_s += cpu_seconds(pid) - cpu0
+                        s.proxy_cpu_calls += per_round
+                    await throughput_block(clients[v], tput_n, conc, s)
+                    posts1, served1 = await upstream_counts(http, upstream_base)
+                    s.calls += per_round + tput_n
+                    s.upstream_posts += posts1 - posts0
+                    s.upstream_served += served1 - served0
+            info["upstream_requests"] = (await http.get(f"{upstream_base}/requests")).json()
+    return stats, info
+
+
+# --------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------
+
+
+def report_admission(mem: AdmitStats, red: AdmitStats | str, redis_url: str) -> list[tuple[str, bool | None]]:
+    print("(a) in-memory admission decision (Ceilings.admit + Ticket.release on MemoryCounters)")
+    print(f"    iterations: {len(mem.both_us)}")
+    print(
+        f"    admit:           p50 {pct(mem.admit_us, 0.5):7.2f} µs   p99 {pct(mem.admit_us, 0.99):7.2f} µs"
+    )
+    print(f"    admit + release: p50 {pct(mem.both_us, 0.5):7.2f} µs   p99 {pct(mem.both_us, 0.99):7.2f} µs")
+    print()
+    print(f"(b) Redis admission decision (RedisCounters, {redis_url}, unique prefix, keys deleted after)")
+    if isinstance(red, str):
+        print(f"    {red}")
+    else:
+        print(f"    iterations: {len(red.both_us)}")
+        print(
+            f"    admit:           p50 {pct(red.admit_us, 0.5):7.1f} µs   p99 {pct(red.admit_us, 0.99):7.1f} µs"
+        )
+        print(
+            f"    admit + release: p50 {pct(red.both_us, 0.5):7.1f} µs   p99 {pct(red.both_us, 0.99):7.1f} µs"
+        )
+        print(
+            f"    round trips per admission: {red.rt_admit:.2f} (round_trips counter), "
+            f"{red.wire_admit:.2f} (commands written to the socket)"
+        )
+        print(
+            f"    round trips per admit+release: {red.rt_both:.2f} (round_trips counter), "
+            f"{red.wire_both:.2f} (commands written to the socket)"
+        )
+    print()
+    return [("in-memory admission p99 < 50 µs", pct(mem.both_us, 0.99) < 50.0)]
+
+
+def report_calls(
+    stats: dict[str, VariantStats], opts: argparse.Namespace, info: dict[str, Any]
+) -> list[tuple[str, bool | None]]:
+    print(
+        f"(c) tools/call {TOOL} on loopback, official mcp.Client (streamable HTTP, httpx2, cache=None); "
+        f"{opts.rounds} rounds, interleaved; per round and variant: {opts.calls} sequential calls "
+        f"(latency), then {opts.tput_calls} calls by {opts.concurrency} concurrent tasks (throughput)"
+    )
+    p50 = {v: pct(s.latencies_ms, 0.5) for v, s in stats.items()}
+    p99 = {v: pct(s.latencies_ms, 0.99) for v, s in stats.items()}
+    tput = {v: statistics.median(s.throughput) for v, s in stats.items()}
+    direct = "direct" if "direct" in stats else None
+    header = (
+        f"    {'variant':<12} {'p50 ms':>8} {'p99 ms':>8} {'calls/s':>8} {'p50/direct':>10} "
+        f"{'tput/direct':>11} {'server CPU':>10} {'client CPU':>10} {'upstream req/call':>17} {'spread p50':>13}"
+    )
+    print(header)
+    print("    " + "-" * (len(header) - 4))
+    for v, s in stats.items():
+        r_lat = f"{p50[v] / p50[direct]:.2f}x" if direct else "-"
+        r_tp = f"{tput[v] / tput[direct]:.2f}x" if direct else "-"
+        cpu = f"{1000 * s.proxy_cpu_s / s.proxy_cpu_calls:.2f}" if s.proxy_cpu_calls else "-"
+        client_cpu = f"{1000 * s.client_cpu_s / s.proxy_cpu_calls:.2f}" if s.proxy_cpu_calls else "-"
+        per_call = f"{s.upstream_posts / s.calls:.3f}" if s.calls else "-"
+        spread = f"{min(s.rounds_p50):.2f}-{max(s.rounds_p50):.2f}"
+        print(
+            f"    {v:<12} {p50[v]:>8.2f} {p99[v]:>8.2f} {tput[v]:>8.0f} {r_lat:>10} {r_tp:>11} "
+            f"{cpu:>10} {client_cpu:>10} {per_call:>17} {spread:>13}"
+        )
+    print(
+        "    calls/s: median over rounds. server CPU: user+system ms per call of the process the client "
+        "talks to (the upstream for direct, else the proxy), client CPU: of this process, both over the "
+        "latency blocks. spread: lowest and highest per-round p50."
+    )
+    by_method = {
+        k.removeprefix("POST "): v
+        for k, v in info.get("upstream_requests", {}).items()
+        if k.startswith("POST ")
+    }
+    print(f"    upstream HTTP POSTs over the whole run (start-ups included), by Mcp-Method: {by_method}")
+    errors = {v: s.errors for v, s in stats.items() if s.errors}
+    if errors:
+        print(f"    ERRORS (unexpected results): {errors}")
+    checks: list[tuple[str, bool | None]] = []
+    if "haltwire" in stats:
+        h = stats["haltwire"]
+        print()
+        print("    haltwire against the others:")
+        for v in stats:
+            if v == "haltwire":
+                continue
+            print(
+                f"      vs {v:<12} p50 {p50['haltwire'] / p50[v]:.2f}x   p99 {p99['haltwire'] / p99[v]:.2f}x   "
+                f"calls/s {tput['haltwire'] / tput[v]:.2f}x"
+            )
+        print()
+        print(
+            f"    upstream requests per tools/call through haltwire: {h.upstream_posts}/{h.calls} = "
+            f"{h.upstream_posts / h.calls:.3f} HTTP POSTs (tool calls served: {h.upstream_served})"
+        )
+        checks.append(
+            ("exactly one upstream request per tools/call", h.upstream_posts == h.calls == h.upstream_served)
+        )
+        for bare in ("bare", "bare+schema"):
+            if bare in stats:
+                checks.append((f"haltwire p50 <= {bare} p50", p50["haltwire"] <= p50[bare]))
+        if direct:
+            checks.append(("haltwire p50 <= 2x direct p50", p50["haltwire"] <= 2 * p50[direct]))
+        if "fastmcp" in stats:
+            checks.append(("haltwire faster than fastmcp (p50 latency)", p50["haltwire"] < p50["fastmcp"]))
+            checks.append(("haltwire faster than fastmcp (throughput)", tput["haltwire"] > tput["fastmcp"]))
+        if errors:
+            checks.append(("every call answered correctly", False))
+    return checks
+
+
+async def run(opts: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    print(
+        f"haltwire benchmark ({'quick' if opts.quick else 'full'} run), Python {sys.version.split()[0]}, "
+        f"{os.cpu_count()} CPUs, load average {load_average()} at the start"
+    )
+    print()
+    mem = await bench_memory(opts.admit_n)
+    red = await bench_redis(opts.redis, opts.redis_n)
+    checks = report_admission(mem, red, opts.redis)
+    with tempfile.TemporaryDirectory(prefix="haltwire-bench-") as tmp:
+        stats, info = await bench_calls(opts, Path(tmp))
+    checks += report_calls(stats, opts, info)
+    print()
+    print("Targets:")
+    for what, ok in checks:
+        print(f"    [{'met' if ok else 'MISSED'}] {what}")
+    print()
+    print(f"(took {time.monotonic() - t0:.0f} s; load average {load_average()} at the end)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="cmd")
+    serve = sub.add_parser("serve", help="(internal) run one server of the benchmark")
+    serve.add_argument("role", choices=["upstream", "bare", "fastmcp"])
+    serve.add_argument("--port", type=int, required=True)
+    serve.add_argument("--upstream", default="")
+    serve.add_argument("--schema", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="a short run (a few seconds per variant)")
+    parser.add_argument("--redis", default=os.environ.get("HALTWIRE_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--calls", type=int, default=None, help="sequential calls per round and variant")
+    parser.add_argument("--tput-calls", type=int, default=None, help="throughput calls per round and variant")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS}"
+    )
+    opts = parser.parse_args(argv)
+    if opts.cmd == "serve":
+        runner: Callable[[], Awaitable[None]]
+        if opts.role == "upstream":
+            runner = lambda: serve_upstream(opts.port)  # noqa: E731
+        elif opts.role == "bare":
+            runner = lambda: serve_bare(opts.upstream, opts.port, opts.schema)  # noqa: E731
+        else:
+            runner = lambda: serve_fastmcp(opts.upstream, opts.port)  # noqa: E731
+        with contextlib.suppress(KeyboardInterrupt):
+            anyio.run(runner)
+        return 0
+    opts.variants = [v.strip() for v in opts.variants.split(",") if v.strip()]
+    unknown = set(opts.variants) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown variants: {sorted(unknown)}")
+    quick = opts.quick
+    opts.rounds = opts.rounds or (2 if quick else 5)
+    opts.calls = opts.calls or (50 if quick else 200)
+    opts.tput_calls = opts.tput_calls or (80 if quick else 200)
+    opts.warmup = 20 if quick else 50
+    opts.admit_n = 5_000 if quick else 20_000
+    opts.redis_n = 1_000 if quick else 5_000
+    return asyncio.run(run(opts))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
