@@ -479,3 +479,20 @@ async def test_a_store_whose_redis_restarted_while_idle_admits_on_the_next_call(
             assert await count_admitted(store, [b], [], 10) == 4
         finally:
             await store.aclose()
+
+
+async def test_two_gateways_slot_ids_never_collide_in_a_shared_store(redis_stores: Stores) -> None:
+    """Each Ceilings (one per gateway process) numbers its slots under its own random prefix;
+    ids that collided would be one sorted-set member, and the cap would admit a third call."""
+    config = parse_config(config_dict("http://127.0.0.1:9", limits={"max_in_flight": 2}))
+    ops = Identity("ops-bot")
+    async with redis_stores.open() as store_a, redis_stores.open() as store_b:
+        gateway_a, gateway_b = Ceilings(config, store_a), Ceilings(config, store_b)
+        first, second = await gateway_a.admit(ops, "lookup_order"), await gateway_b.admit(ops, "lookup_order")
+        assert isinstance(first, Ticket) and isinstance(second, Ticket)
+        assert first.slot_id != second.slot_id
+        third = await gateway_a.admit(ops, "lookup_order")
+        assert isinstance(third, Refusal) and third.code == "too_many_in_flight"
+        await first.release()
+        fourth = await gateway_b.admit(ops, "lookup_order")
+        assert isinstance(fourth, Ticket)

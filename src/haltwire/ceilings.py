@@ -16,6 +16,7 @@ refusal can state.
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import Callable
@@ -68,6 +69,10 @@ class Ceilings:
         self._overrides: dict[str, LimitsOverride] = {i.agent: i.limits for i in config.identities}
         self._cache: dict[tuple[str, str], ToolCeilings] = {}
         self._please_try_again = config.gateway.refusal_style == "please-try-again"
+        # Slot ids must be unique across every gateway sharing a store: a random prefix per
+        # process and a counter (a uuid4 per call costs about half of an in-memory admission).
+        self._slot_prefix = uuid.uuid4().hex[:16]
+        self._slot_numbers = itertools.count()
 
     @property
     def store(self) -> CounterStore:
@@ -110,7 +115,7 @@ class Ceilings:
             slots.append(SlotCounter(f"{agent}:f", c.max_in_flight))
         if c.tool_max_in_flight is not None:
             slots.append(SlotCounter(f"{agent}:f:{tool}", c.tool_max_in_flight))
-        slot_id = uuid.uuid4().hex if slots else ""
+        slot_id = f"{self._slot_prefix}:{next(self._slot_numbers)}" if slots else ""
         if budgets or slots:
             try:
                 decision = await self._store.admit(budgets, slots, slot_id, now)
