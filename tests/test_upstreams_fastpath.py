@@ -1,10 +1,9 @@
-"""The lean path for ``tools/call`` to modern HTTP upstreams (``haltwire.gateway.upstreams``).
+"""The lean path for ``tools/call`` to modern HTTP upstreams (``haltwire.gateway.upstream_http``).
 
 Everything runs against real servers on loopback: the demo upstream (the SDK's low-level
 ``Server``) behind a recorder of the HTTP requests it receives, the gateway in front of it,
-and the official MCP client. Each gateway test runs twice: over the plain HTTP/1.1 path the
-gateway picks for an ``http://`` upstream, and over the httpx2 path it keeps for TLS and
-proxies.
+and the official MCP client. The lean path's own tests (``ModernHttpCaller`` against
+upstreams that answer in less common ways) run against scripted ASGI apps.
 """
 
 from __future__ import annotations
@@ -16,18 +15,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import httpx2
 import mcp.types as types
 import pytest
 from mcp.server.lowlevel import Server
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
-from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND
 
 from haltwire.demo.upstream import DemoUpstream
-from haltwire.gateway import upstreams as upstreams_module
+from haltwire.gateway import upstream_http
 from haltwire.gateway.app import GatewayApp
-from haltwire.gateway.upstreams import ModernHttpCaller, Upstream
+from haltwire.gateway.upstream_http import ModernHttpCaller, UpstreamUnavailable
+from haltwire.gateway.upstreams import Upstream
 from haltwire.serve import bind, serving
 from harness import TOKENS, config_dict, connect, running_gateway
 
@@ -92,14 +91,6 @@ async def recorded_upstream(
         yield demo, url, recorder
 
 
-@pytest.fixture(params=["plain", "httpx2"])
-def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Which HTTP path the gateway's lean calls take."""
-    if request.param == "httpx2":
-        monkeypatch.setattr(upstreams_module._Http11, "suits", staticmethod(lambda url, headers: False))
-    return str(request.param)
-
-
 def upstream_of(app: GatewayApp) -> Upstream:
     return app.gateway.upstreams.upstreams[0]
 
@@ -110,10 +101,9 @@ def error_of(result: types.CallToolResult) -> dict[str, Any]:
     return error
 
 
-async def test_one_post_per_call_carrying_the_envelope_headers_and_the_callers_meta(path: str) -> None:
+async def test_one_post_per_call_carrying_the_envelope_headers_and_the_callers_meta() -> None:
     async with recorded_upstream() as (demo, up, seen), running_gateway(config_dict(up)) as (app, url):
-        modern = upstream_of(app)._modern
-        assert modern is not None and modern.plain == (path == "plain")
+        assert upstream_of(app)._modern is not None
         async with connect(url, TOKENS["ops-bot"]) as client:
             before = len(seen.requests)
             result = await client.call_tool("lookup_order", {"order_id": "B-7"}, meta={"trace": "t-1"})
@@ -149,7 +139,7 @@ async def test_one_post_per_call_carrying_the_envelope_headers_and_the_callers_m
     assert len(set(ids)) == len(ids)
 
 
-async def test_progress_notifications_are_forwarded(path: str) -> None:
+async def test_progress_notifications_are_forwarded() -> None:
     async with recorded_upstream() as (_, up, seen), running_gateway(config_dict(up)) as (_, url):
         async with connect(url, TOKENS["ops-bot"]) as client:
             for steps in (3, 1):
@@ -177,7 +167,7 @@ async def test_progress_notifications_are_forwarded(path: str) -> None:
             assert not (await client.call_tool("lookup_order", {})).is_error
 
 
-async def test_a_json_rpc_error_from_the_upstream_is_forwarded_as_is(path: str) -> None:
+async def test_a_json_rpc_error_from_the_upstream_is_forwarded_as_is() -> None:
     async with (
         recorded_upstream() as (demo, up, _),
         running_gateway(config_dict(up, limits={"max_in_flight": 1})) as (app, url),
@@ -193,7 +183,7 @@ async def test_a_json_rpc_error_from_the_upstream_is_forwarded_as_is(path: str) 
     assert demo.served["lookup_order"] == 1
 
 
-async def test_a_client_that_gives_up_cancels_the_upstream_request(path: str) -> None:
+async def test_a_client_that_gives_up_cancels_the_upstream_request() -> None:
     async with (
         recorded_upstream() as (demo, up, _),
         running_gateway(config_dict(up, limits={"max_in_flight": 1})) as (app, url),
@@ -210,7 +200,7 @@ async def test_a_client_that_gives_up_cancels_the_upstream_request(path: str) ->
     assert demo.in_flight == 0
 
 
-async def test_the_deadline_cancels_the_upstream_request(path: str) -> None:
+async def test_the_deadline_cancels_the_upstream_request() -> None:
     limits = {"max_in_flight": 1, "tools": {"sleep": {"deadline_s": 0.3}}}
     async with (
         recorded_upstream() as (demo, up, _),
@@ -226,7 +216,7 @@ async def test_the_deadline_cancels_the_upstream_request(path: str) -> None:
             assert not (await client.call_tool("lookup_order", {})).is_error  # the slot is back
 
 
-async def test_an_upstream_that_goes_away_is_unavailable_until_it_comes_back(path: str) -> None:
+async def test_an_upstream_that_goes_away_is_unavailable_until_it_comes_back() -> None:
     sock = bind()
     port = sock.getsockname()[1]
     sock.close()
@@ -264,9 +254,9 @@ async def test_a_redirecting_upstream_falls_back_to_the_sdk_client() -> None:
                 assert not (await client.call_tool("lookup_order", {})).is_error
             assert upstream_of(app)._modern is None  # later calls skip the redirect
     assert demo.served["lookup_order"] == 3
-    # The lean path (the one asking for an unencoded answer) tried once, was redirected, and
-    # left the calls to the SDK client, which follows the redirect.
-    lean = [r for r in seen.calls() if r.headers.get("accept-encoding") == "identity"]
+    # The lean path (aiohttp's requests) tried once, was redirected, and left the calls to
+    # the SDK client (httpx2's requests), which follows the redirect.
+    lean = [r for r in seen.calls() if "aiohttp" in r.headers.get("user-agent", "")]
     assert [r.path for r in lean] == ["/mcp/"]
     assert [r.path for r in seen.calls() if r not in lean][-2:] == ["/mcp/", "/mcp"]
 
@@ -302,7 +292,7 @@ def header_upstream(meta_extra: dict[str, Any]) -> tuple[Server[Any], list[dict[
     return server, received
 
 
-async def test_mcp_param_headers_are_sent_and_the_upstreams_own_meta_survives(path: str) -> None:
+async def test_mcp_param_headers_are_sent_and_the_upstreams_own_meta_survives() -> None:
     server, received = header_upstream({"shard": 7})
     app = server.streamable_http_app(
         stateless_http=True,
@@ -326,6 +316,49 @@ async def test_mcp_param_headers_are_sent_and_the_upstreams_own_meta_survives(pa
     assert result.meta["io.modelcontextprotocol/serverInfo"]["name"] == "haltwire"
 
 
+def cut_short(app: Any) -> Any:
+    """``app``, except that a call of ``progress`` is answered with one progress event and no response."""
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        headers = dict(scope.get("headers", []))
+        if scope["type"] != "http" or headers.get(b"mcp-name") != b"progress":
+            await app(scope, receive, send)
+            return
+        request = json.loads(await body_of(receive))
+        progress = {
+            "jsonrpc": "2.0",
+            "method": "notifications/progress",
+            "params": {"progressToken": request["params"]["_meta"]["progressToken"], "progress": 1},
+        }
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        # An event id and a retry time: there is nothing to resume all the same.
+        await send({"type": "http.response.body", "body": sse(message(progress, "e-1", retry=10))})
+
+    return wrapped
+
+
+async def test_an_sse_answer_that_ends_without_a_response_is_upstream_unavailable() -> None:
+    demo = DemoUpstream()
+    async with (
+        recorded_upstream(cut_short(demo.http_app())) as (_, up, seen),
+        running_gateway(config_dict(up, limits={"max_in_flight": 1})) as (app, url),
+    ):
+        async with connect(url, TOKENS["ops-bot"]) as client:
+            notes: list[float] = []
+
+            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                notes.append(progress)
+
+            with anyio.fail_after(10):
+                result = await client.call_tool("progress", {"steps": 2}, progress_callback=on_progress)
+            assert error_of(result)["code"] == "upstream_unavailable"
+            assert notes == [1]  # what came before the end was relayed
+            assert not (await client.call_tool("lookup_order", {})).is_error  # the slot is back
+            assert upstream_of(app)._modern is not None  # and the lean path stays
+    # One POST for the call: no GET to resume the stream.
+    assert [r.method for r in seen.requests if r.headers.get("mcp-name") == "progress"] == ["POST"]
+
+
 # --- ModernHttpCaller against upstreams that answer in less common ways ------------------
 
 
@@ -342,6 +375,15 @@ def message(data: dict[str, Any], event_id: str | None = None, retry: int | None
     return "".join(lines)
 
 
+async def body_of(receive: Any) -> bytes:
+    body = b""
+    while True:
+        m = await receive()
+        body += m.get("body", b"")
+        if not m.get("more_body"):
+            return body
+
+
 def scripted(
     answer: Callable[[str, dict[str, str], bytes], tuple[int, list[tuple[bytes, bytes]], bytes]],
 ) -> Any:
@@ -350,12 +392,7 @@ def scripted(
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            m = await receive()
-            body += m.get("body", b"")
-            if not m.get("more_body"):
-                break
+        body = await body_of(receive)
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         status, response_headers, content = answer(scope["method"], headers, body)
         await send({"type": "http.response.start", "status": status, "headers": response_headers})
@@ -365,10 +402,10 @@ def scripted(
 
 
 @asynccontextmanager
-async def caller_for(app: Any, plain: bool) -> AsyncIterator[tuple[ModernHttpCaller, Recorder]]:
+async def caller_for(app: Any) -> AsyncIterator[tuple[ModernHttpCaller, Recorder]]:
     recorder = Recorder()
-    async with serving(recorder.wrap(app)) as base, httpx2.AsyncClient() as http:
-        caller = ModernHttpCaller(http, f"{base}/mcp", "2026-07-28", [], plain=plain)
+    async with serving(recorder.wrap(app)) as base:
+        caller = ModernHttpCaller(f"{base}/mcp", "2026-07-28", [], name="up")
         try:
             yield caller, recorder
         finally:
@@ -376,51 +413,67 @@ async def caller_for(app: Any, plain: bool) -> AsyncIterator[tuple[ModernHttpCal
 
 
 SSE_HEADERS = [(b"content-type", b"text/event-stream")]
+JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
-@pytest.mark.parametrize("plain", [True, False], ids=["plain", "httpx2"])
-async def test_an_sse_answer_cut_short_is_resumed_with_last_event_id(plain: bool) -> None:
+def progress_note(token: Any, value: float) -> dict[str, Any]:
+    return {
+        "jsonrpc": "2.0",
+        "method": "notifications/progress",
+        "params": {"progressToken": token, "progress": value, "total": 2},
+    }
+
+
+async def test_an_sse_answer_relays_this_calls_progress_and_ends_with_its_response() -> None:
     def answer(
         method: str, headers: dict[str, str], body: bytes
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        if method == "POST":
-            request = json.loads(body)
-            answer.request_id = request["id"]  # type: ignore[attr-defined]
-            token = request["params"]["_meta"]["progressToken"]
-            progress = {
-                "jsonrpc": "2.0",
-                "method": "notifications/progress",
-                "params": {"progressToken": token, "progress": 1, "total": 2},
-            }
-            log = {
-                "jsonrpc": "2.0",
-                "method": "notifications/message",
-                "params": {"level": "info", "data": "x"},
-            }
-            # A comment, a log message (not relayed), progress, then the stream ends.
-            return 200, SSE_HEADERS, sse(": keep-alive\n\n", message(log), message(progress, "e-1", retry=10))
-        assert headers["last-event-id"] == "e-1"
+        request = json.loads(body)
+        token = request["params"]["_meta"]["progressToken"]
+        log = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}}
         result = {
             "jsonrpc": "2.0",
-            "id": answer.request_id,
+            "id": request["id"],
             "result": {"content": [], "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "x"}}},
-        }  # type: ignore[attr-defined]
-        return 200, SSE_HEADERS, sse(message(result, "e-2"))
+        }
+        # A comment, a log message (not relayed), progress for another call (not relayed),
+        # progress for this one, then the response.
+        events = [": keep-alive\n\n", message(log), message(progress_note("other", 9), "e-1")]
+        events += [message(progress_note(token, 1), "e-2"), message(result, "e-3")]
+        return 200, SSE_HEADERS, sse(*events)
 
     notes: list[tuple[float, float | None, str | None]] = []
 
     async def on_progress(progress: float, total: float | None, msg: str | None) -> None:
         notes.append((progress, total, msg))
 
-    async with caller_for(scripted(answer), plain) as (caller, seen):
+    async with caller_for(scripted(answer)) as (caller, seen):
         result = await caller.call_tool("t", {}, None, on_progress)
     assert result == {"content": []}  # the upstream's serverInfo is stripped
     assert notes == [(1, 2, None)]
-    assert [r.method for r in seen.requests] == ["POST", "GET"]
+    assert [r.method for r in seen.requests] == ["POST"]
 
 
-@pytest.mark.parametrize("plain", [True, False], ids=["plain", "httpx2"])
-async def test_answers_in_every_framing_and_errors_at_any_status(plain: bool) -> None:
+async def test_an_sse_answer_cut_short_is_unavailable_and_not_resumed() -> None:
+    def answer(
+        method: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        token = json.loads(body)["params"]["_meta"]["progressToken"]
+        return 200, SSE_HEADERS, sse(message(progress_note(token, 1), "e-1", retry=10))
+
+    notes: list[float] = []
+
+    async def on_progress(progress: float, total: float | None, msg: str | None) -> None:
+        notes.append(progress)
+
+    async with caller_for(scripted(answer)) as (caller, seen):
+        with pytest.raises(UpstreamUnavailable, match="ended without a response"):
+            await caller.call_tool("t", {}, None, on_progress)
+    assert notes == [1]
+    assert [r.method for r in seen.requests] == ["POST"]
+
+
+async def test_answers_in_every_framing_and_errors_at_any_status() -> None:
     answers: list[tuple[int, list[tuple[bytes, bytes]], bytes]] = []
 
     def answer(
@@ -430,18 +483,18 @@ async def test_answers_in_every_framing_and_errors_at_any_status(plain: bool) ->
         status, response_headers, content = answers.pop(0)
         return status, response_headers, content.replace(b'"ID"', json.dumps(request_id).encode())
 
-    json_headers = [(b"content-type", b"application/json")]
+    text = [(b"content-type", b"text/plain")]
     ok = b'{"jsonrpc":"2.0","id":"ID","result":{"content":[{"type":"text","text":"ok"}]}}'
     error = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32602,"message":"bad arguments","data":{"x":1}}}'
-    async with caller_for(scripted(answer), plain) as (caller, _):
-        answers.append((200, json_headers, ok))
+    async with caller_for(scripted(answer)) as (caller, _):
+        answers.append((200, JSON_HEADERS, ok))
         assert (await caller.call_tool("t", None, None, None))["content"][0]["text"] == "ok"
         # Events split across CRLF line ends and multi-line data.
         answers.append(
             (200, SSE_HEADERS, b"event: message\r\ndata: " + ok[:17] + b"\r\ndata: " + ok[17:] + b"\r\n\r\n")
         )
         assert (await caller.call_tool("t", None, None, None))["content"][0]["text"] == "ok"
-        answers.append((400, json_headers, error))
+        answers.append((400, JSON_HEADERS, error))
         with pytest.raises(MCPError) as raised:
             await caller.call_tool("t", None, None, None)
         assert (raised.value.code, raised.value.message, raised.value.data) == (
@@ -449,21 +502,101 @@ async def test_answers_in_every_framing_and_errors_at_any_status(plain: bool) ->
             "bad arguments",
             {"x": 1},
         )
-        answers.append((500, [(b"content-type", b"text/plain")], b"boom"))
+        answers.append((200, JSON_HEADERS, error))  # an error with a 200 is an error too
+        with pytest.raises(MCPError, match="bad arguments"):
+            await caller.call_tool("t", None, None, None)
+        answers.append((500, text, b"boom"))
         with pytest.raises(MCPError, match="error response"):
             await caller.call_tool("t", None, None, None)
-        answers.append((503, [(b"content-type", b"text/plain")], b"no upstream"))
-        with pytest.raises(upstreams_module.UpstreamUnavailable):
+        for status in (502, 503, 504):
+            answers.append((status, text, b"no upstream"))
+            with pytest.raises(UpstreamUnavailable, match=f"HTTP {status}"):
+                await caller.call_tool("t", None, None, None)
+        answers.append((404, text, b"not here"))
+        with pytest.raises(MCPError) as raised:
             await caller.call_tool("t", None, None, None)
-        answers.append((200, json_headers, b"not json"))
+        assert (raised.value.code, raised.value.message) == (METHOD_NOT_FOUND, "Not Found")
+        answers.append((202, [], b""))
+        with pytest.raises(MCPError, match="202 Accepted"):
+            await caller.call_tool("t", None, None, None)
+        answers.append((200, [(b"content-type", b"text/html; charset=utf-8")], b"<p>ok</p>"))
+        with pytest.raises(MCPError, match="Unexpected content type: text/html"):
+            await caller.call_tool("t", None, None, None)
+        answers.append((200, JSON_HEADERS, b"not json"))
         with pytest.raises(MCPError, match="parse"):
             await caller.call_tool("t", None, None, None)
-        answers.append((200, json_headers, ok))  # the connection survived all of it
+        answers.append((200, JSON_HEADERS, ok.replace(b'"ID"', b'"another"')))
+        with pytest.raises(MCPError, match="different request"):
+            await caller.call_tool("t", None, None, None)
+        answers.append((200, JSON_HEADERS, ok))  # the caller survived all of it
         assert (await caller.call_tool("t", None, None, None))["content"][0]["text"] == "ok"
+    assert not answers
+
+
+async def test_cancelling_a_call_mid_stream_closes_its_connection() -> None:
+    """The upstream sees the call's HTTP request closed, even after its answer has begun."""
+    disconnected = anyio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        token = json.loads(await body_of(receive))["params"]["_meta"]["progressToken"]
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        progress = sse(message(progress_note(token, 1)))
+        await send({"type": "http.response.body", "body": progress, "more_body": True})
+        if (await receive())["type"] == "http.disconnect":
+            disconnected.set()
+
+    started = anyio.Event()
+
+    async def on_progress(progress: float, total: float | None, msg: str | None) -> None:
+        started.set()
+
+    async with caller_for(app) as (caller, _), anyio.create_task_group() as tg:
+        tg.start_soon(caller.call_tool, "t", {}, None, on_progress)
+        with anyio.fail_after(5):
+            await started.wait()
+        tg.cancel_scope.cancel()
+    with anyio.fail_after(5):
+        await disconnected.wait()
+
+
+async def test_an_unreachable_upstream_is_unavailable() -> None:
+    sock = bind()
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there
+    caller = ModernHttpCaller(f"http://127.0.0.1:{port}/mcp", "2026-07-28", [], name="gone")
+    try:
+        with pytest.raises(UpstreamUnavailable, match="gone: "):
+            await caller.call_tool("t", None, None, None)
+    finally:
+        await caller.aclose()
+    with pytest.raises(UpstreamUnavailable, match="not connected"):
+        await caller.call_tool("t", None, None, None)  # a closed caller sends nothing
+
+
+async def test_the_proxy_settings_of_the_environment_apply(monkeypatch: pytest.MonkeyPatch) -> None:
+    def answer(
+        method: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        request_id = json.loads(body)["id"]
+        return 200, JSON_HEADERS, json.dumps({"jsonrpc": "2.0", "id": request_id, "result": {}}).encode()
+
+    recorder = Recorder()
+    async with serving(recorder.wrap(scripted(answer))) as proxy:
+        for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "http_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HTTP_PROXY", proxy)
+        caller = ModernHttpCaller("http://upstream.invalid/mcp", "2026-07-28", [], name="via-proxy")
+        try:
+            assert await caller.call_tool("t", None, None, None) == {}
+        finally:
+            await caller.aclose()
+    assert [r.headers["host"] for r in recorder.requests] == ["upstream.invalid"]
 
 
 def test_the_sse_decoder_follows_the_line_rules() -> None:
-    decoder = upstreams_module._SSEDecoder(1000)
+    decoder = upstream_http._SSEDecoder(1000)
     out: list[str] = []
     for piece in [
         b"data: a\r",
@@ -477,6 +610,5 @@ def test_the_sse_decoder_follows_the_line_rules() -> None:
         out += decoder.feed(piece)
     out += decoder.feed(b"", final=True)
     assert out == ["a\nb", "\u00e9"]  # the "other" event is not a message
-    assert decoder.last_event_id == "7" and decoder.retry_ms == 5
-    with pytest.raises(upstreams_module._ProtocolViolation):
-        upstreams_module._SSEDecoder(10).feed(b"data: " + b"x" * 20 + b"\n")
+    with pytest.raises(upstream_http._ProtocolViolation):
+        upstream_http._SSEDecoder(10).feed(b"data: " + b"x" * 20 + b"\n")
