@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import pytest
 
-from haltwire.demo.stack import connect, running_gateway, running_upstream
-
-TOKENS = {"ops-bot": "tok-ops", "billing-bot": "tok-billing", "edge-bot": "tok-edge"}
+from haltwire.demo.stack import TOKENS, connect, demo_config, running_gateway, running_upstream
 
 __all__ = [
     "TOKENS",
@@ -19,30 +16,11 @@ __all__ = [
     "require_services",
     "running_gateway",
     "running_upstream",
+    "service_missing",
 ]
 
-
-def config_dict(upstream_url: str, **sections: Any) -> dict[str, Any]:
-    """A development config with ops-bot and billing-bot in front of ``upstream_url``.
-
-    Each keyword replaces a top-level section, or is merged into it when both are tables.
-    """
-    data: dict[str, Any] = {
-        "gateway": {"development": True},
-        "identities": [
-            {"agent": "ops-bot", "tenant": "acme", "version": "1.0", "token": TOKENS["ops-bot"]},
-            {"agent": "billing-bot", "tenant": "acme", "version": "2.0", "token": TOKENS["billing-bot"]},
-        ],
-        "upstreams": [
-            {"name": "demo", "url": f"{upstream_url}/mcp", "headers": {"Authorization": "Bearer shared-key"}}
-        ],
-    }
-    for key, value in sections.items():
-        if isinstance(value, dict) and isinstance(data.get(key), dict):
-            data[key] = {**data[key], **value}
-        else:
-            data[key] = value
-    return data
+#: Tests call the demo's config builder by this name.
+config_dict = demo_config
 
 
 def redis_url() -> str:

@@ -35,42 +35,16 @@ from rich.padding import Padding
 from rich.table import Table
 
 from haltwire.demo.agent import AgentLog, Answer, call_once, run_agent
-from haltwire.demo.stack import connect, running_gateway, running_upstream
+from haltwire.demo.stack import TOKENS, connect, demo_config, running_gateway, running_upstream
 from haltwire.demo.upstream import DemoUpstream
 from haltwire.killswitch import write_suspensions
 
-TOKENS: Final = {"ops-bot": "tok-ops", "billing-bot": "tok-billing", "edge-bot": "tok-edge"}
-UPSTREAM_KEY: Final = "Bearer shared-key"
 QUOTA_TEXT: Final = "Upstream refused: 429 quota exceeded for this API key. Try again later."
 TRY_AGAIN_TEXT: Final = "Rate limited. Please try again."
 STEPS: Final = 200
 BUDGET: Final = 20
 #: No scenario waits on anything slower than a loopback round trip; this bounds a hang.
 SCENARIO_TIMEOUT_S: Final = 120.0
-
-
-def demo_config(upstream_url: str, **sections: Any) -> dict[str, Any]:
-    """A development config: ops-bot and billing-bot with plain tokens, one shared upstream key.
-
-    Each keyword replaces a top-level section, or is merged into it when both are tables.
-    """
-    data: dict[str, Any] = {
-        "gateway": {"development": True},
-        "identities": [
-            {"agent": "ops-bot", "token": TOKENS["ops-bot"]},
-            {"agent": "billing-bot", "token": TOKENS["billing-bot"]},
-        ],
-        # The gateway sends the same upstream key for every identity, as a shared API key is.
-        "upstreams": [
-            {"name": "demo", "url": f"{upstream_url}/mcp", "headers": {"Authorization": UPSTREAM_KEY}}
-        ],
-    }
-    for key, value in sections.items():
-        if isinstance(value, dict) and isinstance(data.get(key), dict):
-            data[key] = {**data[key], **value}
-        else:
-            data[key] = value
-    return data
 
 
 @dataclass(slots=True)

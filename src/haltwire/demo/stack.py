@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any
+from typing import Any, Final
 
 import httpx2
 from mcp import Client
@@ -21,6 +21,34 @@ from haltwire.gateway import create_app
 from haltwire.gateway.app import GatewayApp
 from haltwire.serve import serving
 from haltwire.store.counters import CounterStore
+
+#: The demo identities' plain tokens (development configs only).
+TOKENS: Final = {"ops-bot": "tok-ops", "billing-bot": "tok-billing", "edge-bot": "tok-edge"}
+#: The one upstream API key the gateway sends for every identity, as a shared key is.
+UPSTREAM_KEY: Final = "Bearer shared-key"
+
+
+def demo_config(upstream_url: str, **sections: Any) -> dict[str, Any]:
+    """A development config: ops-bot and billing-bot with plain tokens, one shared upstream key.
+
+    Each keyword replaces a top-level section, or is merged into it when both are tables.
+    """
+    data: dict[str, Any] = {
+        "gateway": {"development": True},
+        "identities": [
+            {"agent": "ops-bot", "tenant": "acme", "version": "1.0", "token": TOKENS["ops-bot"]},
+            {"agent": "billing-bot", "tenant": "acme", "version": "2.0", "token": TOKENS["billing-bot"]},
+        ],
+        "upstreams": [
+            {"name": "demo", "url": f"{upstream_url}/mcp", "headers": {"Authorization": UPSTREAM_KEY}}
+        ],
+    }
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return data
 
 
 @asynccontextmanager
