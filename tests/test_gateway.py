@@ -224,8 +224,25 @@ async def test_the_counters_down_answer_at_the_edge_is_503() -> None:
     async with running_upstream() as (demo, up):
         identities = [{"agent": "edge-bot", "token": TOKENS["edge-bot"], "refuse_at": "edge"}]
         data = config_dict(up, identities=identities, limits={"budget": 10})
-        async with running_gateway(data, store=dead) as (_, url), httpx2.AsyncClient() as http:
-            response = await http.post(url, headers=_headers(TOKENS["edge-bot"]), content=_call_body())
+        async with running_gateway(data, store=dead) as (_, url):
+            async with httpx2.AsyncClient() as http:
+                response = await http.post(url, headers=_headers(TOKENS["edge-bot"]), content=_call_body())
+            # The official client, too, raises after one attempt on a 503: it does not retry.
+            posts: list[int] = []
+
+            async def count(r: httpx2.Response) -> None:
+                if r.request.method == "POST":
+                    posts.append(r.status_code)
+
+            http = httpx2.AsyncClient(
+                headers={"Authorization": f"Bearer {TOKENS['edge-bot']}"}, event_hooks={"response": [count]}
+            )
+            transport = streamable_http_client(url, http_client=http)
+            with pytest.raises(Exception) as raised:  # MCPError, maybe inside the client's task group
+                async with http, Client(transport, cache=None, mode="2026-07-28") as client:
+                    await client.call_tool("lookup_order", {})
+            assert "MCPError" in repr(raised.value)
+            assert posts == [503]
     assert response.status_code == 503
     assert response.headers["retry-after"] == "5"
     assert response.json()["error"]["code"] == "counters_unavailable"
