@@ -12,8 +12,10 @@ from haltwire.config import ConfigError, GatewayConfig, load_config, parse_confi
 from haltwire.identity import Identity, TokenTable, token_sha256
 from haltwire.killswitch import SuspensionFile, write_suspensions
 from haltwire.refusal import TERMINAL_CODES, TRANSIENT_CODES, Refusal
+from haltwire.scope import GLOBAL, Scope, ScopeError, ScopeIndex, call_scopes
 
 __all__ = [
+    "GLOBAL",
     "TERMINAL_CODES",
     "TRANSIENT_CODES",
     "Ceilings",
@@ -21,11 +23,15 @@ __all__ = [
     "GatewayConfig",
     "Identity",
     "Refusal",
+    "Scope",
+    "ScopeError",
+    "ScopeIndex",
     "SuspensionFile",
     "Ticket",
     "TokenTable",
     "ToolCeilings",
     "__version__",
+    "call_scopes",
     "load_config",
     "parse_config",
     "token_sha256",
