@@ -1,0 +1,190 @@
+"""The stop registry: stop records, kept as an append-only history of changes.
+
+Every change (a stop issued, a stop cleared) is one row with the next revision number;
+revisions are strictly increasing in commit order, so a watcher that has seen revision N
+resumes with ``changes_since(N)`` and never misses a change. A stop's state is derived from
+its changes: clearing appends a ``clear`` change and never rewrites the ``stop`` change.
+A new backend is one module implementing ``Registry``; the shared row helpers live here.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Protocol
+
+from haltwire.scope import Scope
+
+ChangeKind = Literal["stop", "clear"]
+
+#: The columns of one change row, in this order, in every backend.
+COLUMNS = ("revision", "kind", "stop_id", "scope", "reason", "actor", "at", "expires_at")
+
+Row = Sequence[Any]
+
+
+class RegistryUnavailable(Exception):
+    """The store could not be reached or failed. Callers fail closed."""
+
+
+class UnknownStop(LookupError):
+    """No stop has this id."""
+
+
+class AlreadyCleared(Exception):
+    """The stop was cleared before; a clear is recorded once."""
+
+
+@dataclass(frozen=True, slots=True)
+class StopRecord:
+    stop_id: str
+    scope: str
+    reason: str
+    issued_by: str
+    issued_at: float
+    expires_at: float | None
+    revision: int
+    cleared_by: str | None = None
+    cleared_at: float | None = None
+    clear_reason: str | None = None
+    cleared_revision: int | None = None
+
+    @property
+    def cleared(self) -> bool:
+        return self.cleared_revision is not None
+
+    def active_at(self, now: float) -> bool:
+        return not self.cleared and (self.expires_at is None or now < self.expires_at)
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One entry of the history; ``stop`` is the stop as of this change."""
+
+    revision: int
+    kind: ChangeKind
+    stop: StopRecord
+
+
+class Registry(Protocol):
+    async def issue_stop(
+        self, scope: str, reason: str, issued_by: str, *, now: float, expires_at: float | None = None
+    ) -> StopRecord:
+        """Record a new stop on ``scope``. Raises ``ScopeError`` or ``ValueError`` on bad input."""
+        ...
+
+    async def clear_stop(self, stop_id: str, cleared_by: str, reason: str, *, now: float) -> StopRecord:
+        """Record who cleared a stop and why. Raises ``UnknownStop`` or ``AlreadyCleared``."""
+        ...
+
+    async def active_stops(self, *, now: float) -> list[StopRecord]:
+        """Stops neither cleared nor expired at ``now``, oldest first."""
+        ...
+
+    async def get_stop(self, stop_id: str) -> StopRecord | None: ...
+
+    async def changes_since(self, revision: int, *, limit: int = 1000) -> list[Change]:
+        """Changes with a revision strictly greater than ``revision``, ascending."""
+        ...
+
+    async def revision(self) -> int:
+        """The latest revision; 0 when nothing was ever recorded."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+# -- helpers shared by the backends -----------------------------------------------------------
+
+
+def new_stop_id() -> str:
+    return "stp_" + secrets.token_hex(8)
+
+
+def checked_issue(scope: str, reason: str, issued_by: str) -> str:
+    """Validate an issue request; answers the scope as stored."""
+    parsed = Scope.parse(scope)
+    if not reason.strip():
+        raise ValueError("a stop needs a reason")
+    if not issued_by.strip():
+        raise ValueError("a stop needs an issuer")
+    return str(parsed)
+
+
+def checked_clear(cleared_by: str, reason: str) -> None:
+    if not reason.strip():
+        raise ValueError("clearing a stop needs a reason")
+    if not cleared_by.strip():
+        raise ValueError("clearing a stop needs who clears it")
+
+
+def issued(row: Row) -> StopRecord:
+    """The stop as its ``stop`` change recorded it."""
+    revision, kind, stop_id, scope, reason, actor, at, expires_at = row
+    if kind != "stop":
+        raise ValueError(f"revision {revision} is a {kind!r} change, not a stop")
+    return StopRecord(
+        stop_id=str(stop_id),
+        scope=str(scope),
+        reason=str(reason),
+        issued_by=str(actor),
+        issued_at=float(at),
+        expires_at=None if expires_at is None else float(expires_at),
+        revision=int(revision),
+    )
+
+
+def with_clear(stop: StopRecord, row: Row) -> StopRecord:
+    """``stop`` after its ``clear`` change."""
+    revision, _kind, _stop_id, _scope, reason, actor, at, _expires_at = row
+    return replace(
+        stop,
+        cleared_by=str(actor),
+        cleared_at=float(at),
+        clear_reason=str(reason),
+        cleared_revision=int(revision),
+    )
+
+
+def fold(rows: Sequence[Row]) -> StopRecord | None:
+    """A stop's state from its changes in revision order; None when there are none."""
+    stop: StopRecord | None = None
+    for row in rows:
+        stop = issued(row) if row[1] == "stop" else with_clear(_must(stop, row), row)
+    return stop
+
+
+def clearable(rows: Sequence[Row], stop_id: str) -> StopRecord:
+    """The stop ``stop_id`` if it can be cleared, else ``UnknownStop`` / ``AlreadyCleared``."""
+    stop = fold(rows)
+    if stop is None:
+        raise UnknownStop(stop_id)
+    if stop.cleared:
+        raise AlreadyCleared(f"{stop_id} was cleared at revision {stop.cleared_revision}")
+    return stop
+
+
+def change(row: Row, issuing_row: Row) -> Change:
+    """A change from its row and its stop's issuing row (the same row for a ``stop`` change)."""
+    stop = issued(issuing_row)
+    kind: ChangeKind = "stop" if row[1] == "stop" else "clear"
+    return Change(int(row[0]), kind, stop if kind == "stop" else with_clear(stop, row))
+
+
+def _must(stop: StopRecord | None, row: Row) -> StopRecord:
+    if stop is None:
+        raise ValueError(f"revision {row[0]} clears a stop that was never issued")
+    return stop
+
+
+__all__ = [
+    "COLUMNS",
+    "AlreadyCleared",
+    "Change",
+    "ChangeKind",
+    "Registry",
+    "RegistryUnavailable",
+    "StopRecord",
+    "UnknownStop",
+]
