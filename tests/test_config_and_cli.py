@@ -159,3 +159,11 @@ def test_suspend_and_unsuspend_edit_the_kill_switch(tmp_path: Path) -> None:
     broken = run_cli("suspend", "ops-bot", "--file", str(path))
     assert broken.returncode == 2 and "Traceback" not in broken.stderr
     assert path.read_text() == "{not json", "a malformed file is left for the operator to fix"
+
+
+def test_the_example_control_config_is_valid() -> None:
+    from haltwire.control.config import load_control_config
+
+    config = load_control_config(Path(__file__).parent.parent / "examples" / "control.toml")
+    assert config.registry.backend == "sqlite" and config.registry.path.is_absolute()
+    assert {i.role for i in config.identities} == {"operator", "tripwire", "gateway", "agent"}

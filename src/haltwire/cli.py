@@ -1,7 +1,8 @@
 """The ``haltwire`` command.
 
-Exit codes: 0 success; 1 a runtime failure; 2 bad usage or bad configuration (the message
-names the file, the key and the problem), or an upstream that does not start.
+Exit codes: 0 success; 1 a runtime failure (or, for the operator commands, a refused request
+or a tampered audit log); 2 bad usage or bad configuration (the message names the file, the key
+and the problem), or an upstream that does not start; 3 the control plane cannot be reached.
 """
 
 from __future__ import annotations
@@ -57,6 +58,40 @@ def _gateway(args: argparse.Namespace) -> int:
         return 0
 
 
+def _control(args: argparse.Namespace) -> int:
+    from haltwire.control import create_app, load_control_config
+    from haltwire.control.stores import open_stores
+    from haltwire.serve import serve_forever
+    from haltwire.store.registry import RegistryUnavailable
+
+    try:
+        config = load_control_config(args.config)
+    except ConfigError as exc:
+        print(f"haltwire control: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    host = args.host or config.control.host
+    port = args.port if args.port is not None else config.control.port
+    print(
+        f"haltwire control {__version__} on http://{host}:{port} (registry: {config.registry.backend})",
+        file=sys.stderr,
+        flush=True,
+    )
+
+    async def run() -> None:
+        # Opened here, not in the app's lifespan, so an unreachable store is an exit code.
+        async with open_stores(config.registry) as stores:
+            await serve_forever(create_app(config, stores), host, port)
+
+    try:
+        anyio.run(run)
+    except KeyboardInterrupt:
+        return 0
+    except RegistryUnavailable as exc:
+        print(f"haltwire control: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
+    return 0
+
+
 def _hash_token(args: argparse.Namespace) -> int:
     print(token_sha256(args.token))
     return 0
@@ -100,15 +135,25 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--port", type=int, default=None, help="override gateway.port")
     gw.set_defaults(func=_gateway)
 
+    ctl = sub.add_parser("control", help="run the control plane (stop registry, audit log, watch)")
+    ctl.add_argument("--config", required=True, help="the control plane's TOML config file")
+    ctl.add_argument("--host", default=None, help="override control.host")
+    ctl.add_argument("--port", type=int, default=None, help="override control.port")
+    ctl.set_defaults(func=_control)
+
     ht = sub.add_parser("hash-token", help="print the SHA-256 of a token, for token_sha256 in the config")
     ht.add_argument("token")
     ht.set_defaults(func=_hash_token)
 
-    for name, verb in (("suspend", "add"), ("unsuspend", "remove")):
-        sp = sub.add_parser(name, help=f"{verb} identities in the kill-switch file (written atomically)")
+    for name, verb in (("suspend", "add identities to"), ("unsuspend", "remove identities from")):
+        sp = sub.add_parser(name, help=f"{verb} the kill-switch file (written atomically)")
         sp.add_argument("agents", nargs="+", metavar="AGENT")
         sp.add_argument("--file", required=True, help="the gateway's gateway.suspended_file")
         sp.set_defaults(func=_suspend)
+
+    from haltwire.control.operator import add_parsers
+
+    add_parsers(sub)
 
     demo = sub.add_parser("demo", help="run a demo: 'loop' (the seed's scenarios) or 'upstream'")
     demo.add_argument("demo", choices=["loop", "upstream"])

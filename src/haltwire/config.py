@@ -165,7 +165,7 @@ class GatewayConfig(_Model):
         return TokenTable(by_hash)
 
 
-def _key(loc: tuple[int | str, ...]) -> str:
+def error_key(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
@@ -179,7 +179,7 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> GatewayConfi
         problems = []
         for err in exc.errors():
             msg = err["msg"].removeprefix("Value error, ")
-            problems.append(f"{source}: {_key(tuple(err['loc']))}: {msg}")
+            problems.append(f"{source}: {error_key(tuple(err['loc']))}: {msg}")
         raise ConfigError("\n".join(problems)) from None
 
 

@@ -1,0 +1,330 @@
+"""The control plane's HTTP API: the stop registry, its audit log and the watch stream.
+
+Every request resolves its caller from the bearer token (a SHA-256 dict lookup) and is then
+allowed or refused by role (``ROLES``). Every write, and every refused write by a known
+caller, is appended to the audit log. A failing registry or audit store answers 503 with a
+JSON error (fail closed), never a traceback. The watch stream is server-sent events of
+registry changes after a revision (``?since=N`` or ``Last-Event-ID``), with a heartbeat.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import asdict
+from typing import Any, Final
+
+import anyio
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from haltwire.control.config import Caller, ControlConfig
+from haltwire.control.stores import Stores, open_stores
+from haltwire.identity import bearer_token, token_sha256
+from haltwire.refusal import unauthenticated
+from haltwire.scope import ScopeError
+from haltwire.store.audit import Outcome, verify
+from haltwire.store.registry import AlreadyCleared, Change, RegistryUnavailable, StopRecord, UnknownStop
+
+#: Which roles may call which endpoint (the role-matrix test checks this table).
+ROLES: Final[Mapping[str, frozenset[str]]] = {
+    "stop.issue": frozenset({"operator", "tripwire"}),
+    "stop.clear": frozenset({"operator"}),
+    "stops.read": frozenset({"operator", "tripwire", "gateway", "executor", "viewer", "agent"}),
+    "audit.read": frozenset({"operator", "viewer"}),
+    "watch": frozenset({"operator", "gateway", "executor", "viewer", "agent"}),
+}
+
+
+class Refused(Exception):
+    """An HTTP error answered as ``{"error": {...}}``."""
+
+    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.extra = status, code, message, extra
+
+    def response(self) -> JSONResponse:
+        error = {"code": self.code, "message": self.message, "retryable": self.status == 503, **self.extra}
+        return JSONResponse({"error": error}, status_code=self.status)
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class IssueBody(_Body):
+    scope: str
+    reason: str = Field(min_length=1)
+    expires_at: float | None = None
+
+
+class ClearBody(_Body):
+    reason: str = Field(min_length=1)
+
+
+def stop_json(stop: StopRecord) -> dict[str, Any]:
+    return {**asdict(stop), "cleared": stop.cleared}
+
+
+def change_json(change: Change) -> dict[str, Any]:
+    return {"revision": change.revision, "kind": change.kind, "stop": stop_json(change.stop)}
+
+
+def visible_to(caller: Caller, scope: str) -> bool:
+    """An agent sees only stops on its own agent id, or global ones; other roles see all."""
+    return caller.role != "agent" or scope in ("global", f"agent:{caller.agent}")
+
+
+class Plane:
+    """The running control plane's state, held in ``app.state.plane``."""
+
+    def __init__(self, config: ControlConfig) -> None:
+        self.config = config
+        self.callers = config.callers()
+        self.heartbeat_s = config.control.heartbeat_s
+        self.stores: Stores | None = None
+        self._changed = anyio.Event()
+
+    @property
+    def open(self) -> Stores:
+        if self.stores is None:
+            raise RegistryUnavailable("the control plane's stores are not open")
+        return self.stores
+
+    def notify(self) -> None:
+        """Wake every watcher: the registry has a new change."""
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
+
+    @property
+    def changed(self) -> anyio.Event:
+        return self._changed
+
+    def caller(self, request: Request) -> Caller:
+        header = request.headers.get("authorization")
+        token = bearer_token(header)
+        if token is None:
+            reason = "no bearer token" if header is None else "malformed Authorization header"
+            raise _unauthenticated(reason)
+        caller = self.callers.get(token_sha256(token))
+        if caller is None:
+            raise _unauthenticated("unknown token")
+        return caller
+
+    async def authorize(self, request: Request, action: str, target: str = "", write: bool = False) -> Caller:
+        caller = self.caller(request)
+        needed = ROLES[action]
+        if caller.role in needed:
+            return caller
+        message = f"role {caller.role} may not {action}; it needs role {' or '.join(sorted(needed))}"
+        if write:
+            await self.audit(caller, action, target, "refused", message)
+        raise Refused(403, "forbidden", message, needed_roles=sorted(needed))
+
+    async def audit(
+        self, caller: Caller, action: str, target: str, outcome: Outcome, reason: str, **detail: Any
+    ) -> None:
+        await self.open.audit.append(
+            caller.name, caller.role, action, target, outcome, reason, detail, now=time.time()
+        )
+
+
+def _unauthenticated(reason: str) -> Refused:
+    refusal = unauthenticated(reason)
+    return Refused(401, refusal.code, refusal.message)
+
+
+def _plane(request: Request) -> Plane:
+    plane: Plane = request.app.state.plane
+    return plane
+
+
+async def _body(request: Request, model: type[_Body]) -> Any:
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()
+        )
+        raise Refused(422, "invalid_request", problems) from None
+
+
+async def issue_stop(request: Request) -> Response:
+    plane = _plane(request)
+    caller = await plane.authorize(request, "stop.issue", write=True)
+    try:
+        body: IssueBody = await _body(request, IssueBody)
+        stop = await plane.open.registry.issue_stop(
+            body.scope, body.reason, caller.name, now=time.time(), expires_at=body.expires_at
+        )
+    except (Refused, ScopeError, ValueError) as exc:
+        message = exc.message if isinstance(exc, Refused) else str(exc)
+        await plane.audit(caller, "stop.issue", "", "refused", message)
+        raise Refused(422, "invalid_request", message) from None
+    plane.notify()
+    await plane.audit(caller, "stop.issue", stop.scope, "ok", stop.reason, stop_id=stop.stop_id)
+    return JSONResponse(stop_json(stop), status_code=201)
+
+
+async def clear_stop(request: Request) -> Response:
+    plane = _plane(request)
+    stop_id = request.path_params["stop_id"]
+    caller = await plane.authorize(request, "stop.clear", stop_id, write=True)
+    registry = plane.open.registry
+    try:
+        body: ClearBody = await _body(request, ClearBody)
+        stop = await registry.clear_stop(stop_id, caller.name, body.reason, now=time.time())
+    except Refused as exc:
+        await plane.audit(caller, "stop.clear", stop_id, "refused", exc.message)
+        raise
+    except UnknownStop:
+        await plane.audit(caller, "stop.clear", stop_id, "refused", "no such stop")
+        raise Refused(404, "unknown_stop", f"no stop has the id {stop_id}") from None
+    except AlreadyCleared as exc:
+        await plane.audit(caller, "stop.clear", stop_id, "refused", str(exc))
+        raise Refused(409, "already_cleared", str(exc)) from None
+    plane.notify()
+    await plane.audit(caller, "stop.clear", stop_id, "ok", body.reason, scope=stop.scope)
+    return JSONResponse(stop_json(stop))
+
+
+async def list_stops(request: Request) -> Response:
+    plane = _plane(request)
+    caller = await plane.authorize(request, "stops.read")
+    registry = plane.open.registry
+    if request.query_params.get("all") in ("1", "true", "yes"):
+        by_id: dict[str, StopRecord] = {}
+        revision = 0
+        while changes := await registry.changes_since(revision):
+            by_id.update((c.stop.stop_id, c.stop) for c in changes)
+            revision = changes[-1].revision
+        stops = list(by_id.values())
+    else:
+        stops = await registry.active_stops(now=time.time())
+    return JSONResponse({"stops": [stop_json(s) for s in stops if visible_to(caller, s.scope)]})
+
+
+async def list_audit(request: Request) -> Response:
+    plane = _plane(request)
+    await plane.authorize(request, "audit.read")
+    records = await plane.open.audit.records(target=request.query_params.get("target"))
+    return JSONResponse({"records": [asdict(r) for r in records]})
+
+
+async def verify_audit(request: Request) -> Response:
+    plane = _plane(request)
+    await plane.authorize(request, "audit.read")
+    return JSONResponse(asdict(verify(await plane.open.audit.records())))
+
+
+def _revision(text: str | None, name: str) -> int:
+    try:
+        value = int(text or "0")
+    except ValueError:
+        raise Refused(422, "invalid_request", f"{name} must be a revision number, not {text!r}") from None
+    if value < 0:
+        raise Refused(422, "invalid_request", f"{name} must not be negative")
+    return value
+
+
+async def watch(request: Request) -> Response:
+    plane = _plane(request)
+    caller = await plane.authorize(request, "watch")
+    last_id = request.headers.get("last-event-id")
+    since = (
+        _revision(last_id, "Last-Event-ID")
+        if last_id is not None
+        else _revision(request.query_params.get("since"), "since")
+    )
+    registry = plane.open.registry
+    first = await registry.changes_since(since)  # a failing store answers 503 before streaming
+
+    async def events() -> AsyncIterator[ServerSentEvent]:
+        changes, last = first, since
+        while True:
+            for c in changes:
+                last = c.revision
+                if visible_to(caller, c.stop.scope):
+                    yield ServerSentEvent(
+                        json.dumps(change_json(c), separators=(",", ":")), event=c.kind, id=str(c.revision)
+                    )
+            changed = plane.changed  # taken before the read: a write after it wakes us
+            if not changes:
+                # Woken by a local write, or after one heartbeat period in case another
+                # process (a second replica, a CLI on the same file) wrote the store.
+                with anyio.move_on_after(plane.heartbeat_s):
+                    await changed.wait()
+            try:
+                changes = await registry.changes_since(last)
+            except RegistryUnavailable as exc:
+                yield ServerSentEvent(json.dumps({"error": str(exc)}), event="error")
+                return
+
+    return EventSourceResponse(
+        events(),
+        ping=plane.heartbeat_s,
+        sep="\n",
+        ping_message_factory=lambda: ServerSentEvent(comment="heartbeat", sep="\n"),
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+async def healthz(request: Request) -> Response:
+    plane = _plane(request)
+    try:
+        revision = await plane.open.registry.revision()
+    except RegistryUnavailable as exc:
+        raise Refused(503, "registry_unavailable", str(exc)) from None
+    return JSONResponse({"ok": True, "revision": revision})
+
+
+async def _refused(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, Refused)
+    return exc.response()
+
+
+async def _unavailable(request: Request, exc: Exception) -> Response:
+    return Refused(503, "registry_unavailable", f"the stop registry is unavailable: {exc}").response()
+
+
+routes = [
+    Route("/healthz", healthz),
+    Route("/v1/stops", issue_stop, methods=["POST"]),
+    Route("/v1/stops", list_stops, methods=["GET"]),
+    Route("/v1/stops/{stop_id}/clear", clear_stop, methods=["POST"]),
+    Route("/v1/audit", list_audit),
+    Route("/v1/audit/verify", verify_audit),
+    Route("/v1/watch", watch),
+]
+
+
+def create_app(config: ControlConfig, stores: Stores | None = None) -> Starlette:
+    """The control plane. Without ``stores``, they open when the app starts and close when it stops."""
+    plane = Plane(config)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if stores is not None:
+            plane.stores = stores
+            yield
+            return
+        async with open_stores(config.registry) as opened:
+            plane.stores = opened
+            try:
+                yield
+            finally:
+                plane.stores = None
+
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={Refused: _refused, RegistryUnavailable: _unavailable},
+    )
+    app.state.plane = plane
+    return app

@@ -1,0 +1,135 @@
+"""The control plane's TOML configuration, validated up front like the gateway's.
+
+A bad config is a start-up error phrased ``FILE: KEY: PROBLEM`` (``ConfigError``; the CLI
+exits 2). Identities carry a role; tokens are kept as SHA-256 hashes (plain ``token`` only
+with ``control.development = true``). A relative SQLite path is relative to the config file.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from haltwire.config import ConfigError, error_key
+from haltwire.identity import token_sha256
+
+Role = Literal["operator", "tripwire", "gateway", "executor", "agent", "viewer"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ControlSection(_Model):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8700, ge=0, le=65535)
+    #: Accept plain ``token`` entries. Never in production.
+    development: bool = False
+    #: Seconds between heartbeats on an idle watch stream.
+    heartbeat_s: float = Field(default=5.0, gt=0)
+
+
+class RegistrySection(_Model):
+    backend: Literal["sqlite", "postgres"] = "sqlite"
+    #: SQLite file holding the registry and the audit log.
+    path: Path = Path("haltwire.db")
+    url: str = "postgresql://postgres@127.0.0.1:5432/test"
+    schema_: str = Field(default="haltwire", alias="schema", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class IdentityEntry(_Model):
+    name: str = Field(min_length=1)
+    role: Role
+    token_sha256: str | None = None
+    token: str | None = None
+    #: For role ``agent``: the agent id whose stops it may read.
+    agent: str | None = None
+
+    @field_validator("token_sha256")
+    @classmethod
+    def _hex(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[0-9a-f]{64}", v):
+            raise ValueError("must be 64 lowercase hex digits (the SHA-256 of the token)")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> IdentityEntry:
+        if (self.token is None) == (self.token_sha256 is None):
+            raise ValueError("give exactly one of token_sha256 or token")
+        if self.role == "agent" and not self.agent:
+            raise ValueError("an identity with role 'agent' needs agent (its agent id)")
+        if self.role != "agent" and self.agent is not None:
+            raise ValueError("agent is only for identities with role 'agent'")
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who a request comes from, resolved from its bearer token."""
+
+    name: str
+    role: Role
+    agent: str | None = None
+
+
+class ControlConfig(_Model):
+    control: ControlSection = Field(default_factory=ControlSection)
+    registry: RegistrySection = Field(default_factory=RegistrySection)
+    identities: list[IdentityEntry] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ControlConfig:
+        names = [i.name for i in self.identities]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"identities: names must be unique, repeated: {', '.join(dupes)}")
+        if not self.control.development and any(i.token is not None for i in self.identities):
+            raise ValueError(
+                "identities: plain 'token' is accepted only with control.development = true; use token_sha256"
+            )
+        hashes = [i.token_sha256 or token_sha256(i.token or "") for i in self.identities]
+        if len(set(hashes)) != len(hashes):
+            raise ValueError("identities: two identities share one token")
+        return self
+
+    def callers(self) -> dict[str, Caller]:
+        """Token SHA-256 to caller."""
+        return {
+            (i.token_sha256 or token_sha256(i.token or "")): Caller(i.name, i.role, i.agent)
+            for i in self.identities
+        }
+
+
+def parse_control_config(data: dict[str, Any], source: str = "<config>") -> ControlConfig:
+    try:
+        return ControlConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            msg = err["msg"].removeprefix("Value error, ")
+            problems.append(f"{source}: {error_key(tuple(err['loc']))}: {msg}")
+        raise ConfigError("\n".join(problems)) from None
+
+
+def load_control_config(path: str | Path) -> ControlConfig:
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the file: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    config = parse_control_config(data, str(p))
+    if not config.registry.path.is_absolute():
+        registry = config.registry.model_copy(update={"path": p.parent / config.registry.path})
+        config = config.model_copy(update={"registry": registry})
+    return config

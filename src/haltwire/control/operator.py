@@ -1,0 +1,156 @@
+"""The operator commands of the ``haltwire`` CLI, talking to a control plane over HTTP.
+
+``haltwire stop``, ``clear``, ``stops``, ``audit`` and ``audit verify``. The control plane is
+``--url`` or ``HALTWIRE_CONTROL_URL``; the caller's token is ``--token`` or ``HALTWIRE_TOKEN``.
+
+Exit codes: 0 done; 1 refused or failed (the control plane's message is printed, and a refused
+write names the role it needed; ``audit verify`` exits 1 when the log was tampered with);
+2 bad usage (including no URL or token); 3 the control plane cannot be reached or answered 503.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+import httpx2
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+
+_SCOPE_FLAGS = (
+    ("--run", "run", "ID", "every call in one run"),
+    ("--tenant", "tenant", "ID", "every run of a tenant"),
+    ("--tool", "tool", "NAME", "every call to one tool, by anyone"),
+    ("--agent", "agent", "ID", "one agent identity"),
+    ("--version", "version", "AGENT@VERSION", "one agent version"),
+)
+
+
+class _Failed(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _request(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
+    url = args.url or os.environ.get("HALTWIRE_CONTROL_URL")
+    token = args.token or os.environ.get("HALTWIRE_TOKEN")
+    if not url or not token:
+        raise _Failed(
+            EXIT_USAGE, "give the control plane's --url and --token (or HALTWIRE_CONTROL_URL, HALTWIRE_TOKEN)"
+        )
+    try:
+        with httpx2.Client(base_url=url, timeout=args.timeout) as client:
+            r = client.request(method, path, json=body, headers={"Authorization": f"Bearer {token}"})
+    except httpx2.TransportError as exc:
+        raise _Failed(EXIT_UNREACHABLE, f"cannot reach the control plane at {url}: {exc}") from None
+    try:
+        data = r.json()
+    except ValueError:
+        data = None
+    if r.is_success:
+        return data
+    error = data.get("error", {}) if isinstance(data, dict) else {}
+    message = error.get("message") or f"HTTP {r.status_code}"
+    raise _Failed(EXIT_UNREACHABLE if r.status_code == 503 else EXIT_REFUSED, f"{r.status_code}: {message}")
+
+
+def _stop(args: argparse.Namespace) -> None:
+    if args.global_:
+        scope = "global"
+    else:
+        scope = next(f"{kind}:{getattr(args, kind)}" for _, kind, _, _ in _SCOPE_FLAGS if getattr(args, kind))
+    stop = _request(args, "POST", "/v1/stops", {"scope": scope, "reason": args.reason})
+    print(stop["stop_id"])
+
+
+def _clear(args: argparse.Namespace) -> None:
+    stop = _request(args, "POST", f"/v1/stops/{args.stop_id}/clear", {"reason": args.reason})
+    print(f"cleared {stop['stop_id']} ({stop['scope']})")
+
+
+def _stops(args: argparse.Namespace) -> None:
+    stops = _request(args, "GET", "/v1/stops?all=1" if args.all else "/v1/stops")["stops"]
+    if args.json:
+        print(json.dumps(stops, indent=2))
+        return
+    if not stops:
+        print("no stops" if args.all else "no active stops")
+    for s in stops:
+        state = f"cleared by {s['cleared_by']}" if s["cleared"] else "active"
+        print(f"{s['stop_id']}  {s['scope']:<24}  {state:<20}  by {s['issued_by']}: {s['reason']}")
+
+
+def _audit(args: argparse.Namespace) -> None:
+    if args.action == "verify":
+        result = _request(args, "GET", "/v1/audit/verify")
+        if args.json:
+            print(json.dumps(result))
+        if result["ok"]:
+            print(f"audit log intact: {result['checked']} records verified")
+            return
+        raise _Failed(
+            EXIT_REFUSED, f"audit log TAMPERED at seq {result['first_bad_seq']}: {result['problem']}"
+        )
+    target = args.target or (f"run:{args.run}" if args.run else None)
+    path = "/v1/audit" if target is None else f"/v1/audit?{httpx2.QueryParams({'target': target})}"
+    records = _request(args, "GET", path)["records"]
+    if args.json:
+        print(json.dumps(records, indent=2))
+        return
+    for r in records:
+        print(
+            f"{r['seq']:>5}  {r['actor']} ({r['role']})  {r['action']} {r['target']}  {r['outcome']}: {r['reason']}"
+        )
+
+
+def _run(func: Any) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            func(args)
+        except _Failed as exc:
+            print(f"haltwire {args.command}: {exc}", file=sys.stderr)
+            return exc.code
+        return EXIT_OK
+
+    return run
+
+
+def add_parsers(sub: Any) -> None:
+    """Add the operator commands to the CLI's subparsers."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default=None, help="the control plane (default: $HALTWIRE_CONTROL_URL)")
+    common.add_argument("--token", default=None, help="your bearer token (default: $HALTWIRE_TOKEN)")
+    common.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for an answer")
+
+    stop = sub.add_parser("stop", parents=[common], help="stop a scope; prints the stop id")
+    which = stop.add_mutually_exclusive_group(required=True)
+    for flag, dest, metavar, what in _SCOPE_FLAGS:
+        which.add_argument(flag, dest=dest, metavar=metavar, help=f"stop {what}")
+    which.add_argument("--global", dest="global_", action="store_true", help="stop everything")
+    stop.add_argument("--reason", required=True, help="why (recorded and shown to whoever is refused)")
+    stop.set_defaults(func=_run(_stop))
+
+    clear = sub.add_parser("clear", parents=[common], help="clear a stop (role operator)")
+    clear.add_argument("stop_id", metavar="STOP_ID")
+    clear.add_argument("--reason", required=True, help="why the stop can be lifted")
+    clear.set_defaults(func=_run(_clear))
+
+    stops = sub.add_parser("stops", parents=[common], help="list active stops (--all: every stop)")
+    stops.add_argument("--all", action="store_true", help="include cleared and expired stops")
+    stops.add_argument("--json", action="store_true", help="print JSON")
+    stops.set_defaults(func=_run(_stops))
+
+    audit = sub.add_parser(
+        "audit", parents=[common], help="list the audit log, or 'audit verify' its hash chain"
+    )
+    audit.add_argument(
+        "action", nargs="?", choices=["verify"], help="verify: exit 1 if the log was tampered with"
+    )
+    audit.add_argument("--target", default=None, help="only records for this target (a scope or stop id)")
+    audit.add_argument("--run", default=None, help="only records for run:ID")
+    audit.add_argument("--json", action="store_true", help="print JSON")
+    audit.set_defaults(func=_run(_audit))
