@@ -33,6 +33,7 @@ BUILT: dict[str, Refusal] = {
     "too_many_in_flight": refusal.too_many_in_flight("ops-bot", 2),
     "counters_unavailable": refusal.counters_unavailable(),
     "upstream_unavailable": refusal.upstream_unavailable("demo"),
+    "registry_unreachable": refusal.registry_unreachable(),
 }
 FORBIDDEN = re.compile(r"try again|retry|later", re.IGNORECASE)
 

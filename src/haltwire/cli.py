@@ -23,7 +23,7 @@ EXIT_USAGE = 2
 
 
 def _gateway(args: argparse.Namespace) -> int:
-    from haltwire.gateway import UpstreamError, create_app
+    from haltwire.gateway import ControlUnreachable, UpstreamError, create_app
     from haltwire.serve import serve_forever
 
     try:
@@ -33,13 +33,17 @@ def _gateway(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     host = args.host or config.gateway.host
     port = args.port if args.port is not None else config.gateway.port
-    app = create_app(config)
+    try:
+        app = create_app(config)
+    except ConfigError as exc:  # control.token_env names an unset variable
+        print(f"haltwire gateway: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
     async def run() -> int:
         async with AsyncExitStack() as stack:
             try:
                 await app.start(stack)
-            except UpstreamError as exc:
+            except (UpstreamError, ControlUnreachable) as exc:
                 print(f"haltwire gateway: {exc}", file=sys.stderr)
                 return EXIT_USAGE
             names = ", ".join(u.name for u in config.upstreams)

@@ -7,6 +7,7 @@ pydantic models below; ``docs/configuration.md`` describes every key.
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -114,9 +115,40 @@ class CountersSection(_Model):
     timeout_s: float = Field(default=0.5, gt=0)
 
 
+class ControlLink(_Model):
+    """The control plane whose stops this gateway enforces (``[control]``; absent: standalone)."""
+
+    url: str = Field(min_length=1)
+    #: The gateway-role bearer token in plain text; only with ``gateway.development = true``.
+    token: str | None = None
+    #: The name of an environment variable holding the token.
+    token_env: str | None = None
+    #: With nothing heard for this long, every call is refused ``registry_unreachable``.
+    #: It must exceed the control plane's ``heartbeat_s``.
+    staleness_s: float = Field(default=15.0, gt=0)
+    #: Start-up: how long to wait for the control plane and the replay of its stops.
+    connect_timeout_s: float = Field(default=15.0, gt=0)
+
+    @model_validator(mode="after")
+    def _one_token(self) -> ControlLink:
+        if (self.token is None) == (self.token_env is None):
+            raise ValueError("give exactly one of token or token_env")
+        return self
+
+    def resolve_token(self) -> str:
+        if self.token is not None:
+            return self.token
+        assert self.token_env is not None
+        value = os.environ.get(self.token_env)
+        if not value:
+            raise ConfigError(f"control.token_env: the environment variable {self.token_env} is not set")
+        return value
+
+
 class GatewayConfig(_Model):
     gateway: GatewaySection = Field(default_factory=GatewaySection)
     counters: CountersSection = Field(default_factory=CountersSection)
+    control: ControlLink | None = None
     limits: Limits = Field(default_factory=Limits)
     identities: list[IdentityConfig] = Field(default_factory=list)
     upstreams: list[UpstreamConfig] = Field(min_length=1)
@@ -133,6 +165,10 @@ class GatewayConfig(_Model):
         if not self.gateway.development and any(i.token is not None for i in self.identities):
             raise ValueError(
                 "identities: plain 'token' is accepted only with gateway.development = true; use token_sha256"
+            )
+        if self.control is not None and self.control.token is not None and not self.gateway.development:
+            raise ValueError(
+                "control: plain 'token' is accepted only with gateway.development = true; use token_env"
             )
         longest = max(self._deadlines(), default=self.limits.deadline_s)
         if self.counters.backend == "redis" and self.counters.slot_ttl_s <= longest:

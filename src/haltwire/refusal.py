@@ -36,7 +36,9 @@ TERMINAL_CODES: Final = frozenset(
 )
 
 #: Codes for conditions that clear by themselves; these carry ``retry_after_s``.
-TRANSIENT_CODES: Final = frozenset({"too_many_in_flight", "counters_unavailable", "upstream_unavailable"})
+TRANSIENT_CODES: Final = frozenset(
+    {"too_many_in_flight", "counters_unavailable", "upstream_unavailable", "registry_unreachable"}
+)
 
 #: HTTP status for each code when it is answered at the HTTP edge instead of as a tool result.
 HTTP_STATUS: Final[dict[str, int]] = {
@@ -51,6 +53,7 @@ HTTP_STATUS: Final[dict[str, int]] = {
     "too_many_in_flight": 429,
     "counters_unavailable": 503,
     "upstream_unavailable": 503,
+    "registry_unreachable": 503,
     "deadline_exceeded": 504,
     "payload_too_large": 413,
 }
@@ -181,6 +184,18 @@ def upstream_unavailable(upstream: str, retry_after_s: float = 5.0) -> Refusal:
         code="upstream_unavailable",
         message=(
             f"The tool server {upstream} cannot be reached right now, "
+            f"so wait {retry_after_s:g} s and then send this call again."
+        ),
+        retryable=True,
+        retry_after_s=retry_after_s,
+    )
+
+
+def registry_unreachable(retry_after_s: float = 5.0) -> Refusal:
+    return Refusal(
+        code="registry_unreachable",
+        message=(
+            "The gateway has lost touch with the stop registry and admits no calls until it is back, "
             f"so wait {retry_after_s:g} s and then send this call again."
         ),
         retryable=True,

@@ -29,11 +29,18 @@ def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
 
 
 @asynccontextmanager
-async def serving(app: Any, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
-    """Serve ``app`` until the block exits; yields its base URL (``http://host:port``)."""
+async def serving(
+    app: Any, host: str = "127.0.0.1", port: int = 0, *, graceful_s: int | None = None
+) -> AsyncIterator[str]:
+    """Serve ``app`` until the block exits; yields its base URL (``http://host:port``).
+
+    ``graceful_s`` bounds the wait for open responses (a watch stream, say) at exit.
+    """
     sock = bind(host, port)
     actual = sock.getsockname()[1]
-    config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False)
+    config = uvicorn.Config(
+        app, lifespan="on", log_level="warning", access_log=False, timeout_graceful_shutdown=graceful_s
+    )
     server = uvicorn.Server(config)
     async with anyio.create_task_group() as tg:
         tg.start_soon(server.serve, [sock])

@@ -5,11 +5,14 @@ from __future__ import annotations
 import time
 from contextlib import AsyncExitStack
 
+import anyio
+
 from haltwire import __version__
 from haltwire.ceilings import Ceilings, Clock
 from haltwire.config import GatewayConfig
 from haltwire.gateway.app import GatewayApp
 from haltwire.gateway.proxy import Gateway
+from haltwire.gateway.stops import ControlUnreachable, StopWatch
 from haltwire.gateway.upstreams import UpstreamError, Upstreams
 from haltwire.killswitch import SuspensionFile
 from haltwire.store.counters import CounterStore
@@ -30,12 +33,21 @@ def create_app(
     """The gateway as an ASGI app. Upstreams connect when the app starts (ASGI lifespan)."""
     store = store if store is not None else counter_store(config)
     upstreams = Upstreams(config.upstreams)
+    stops = StopWatch(config.control) if config.control is not None else None
     gateway = Gateway(
-        upstreams, Ceilings(config, store, clock=clock), SuspensionFile(config.gateway.suspended_file)
+        upstreams,
+        Ceilings(config, store, clock=clock),
+        SuspensionFile(config.gateway.suspended_file),
+        stops,
     )
 
     async def startup(stack: AsyncExitStack) -> None:
         stack.push_async_callback(store.aclose)
+        if stops is not None:
+            # The current stops are held before the first call can arrive.
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            stack.callback(tg.cancel_scope.cancel)
+            await stops.start(tg)
         await upstreams.connect(stack)
 
     return GatewayApp(
@@ -47,4 +59,12 @@ def create_app(
     )
 
 
-__all__ = ["Gateway", "GatewayApp", "UpstreamError", "counter_store", "create_app"]
+__all__ = [
+    "ControlUnreachable",
+    "Gateway",
+    "GatewayApp",
+    "StopWatch",
+    "UpstreamError",
+    "counter_store",
+    "create_app",
+]

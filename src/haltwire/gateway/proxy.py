@@ -1,6 +1,6 @@
-"""The enforcement pipeline for one ``tools/call``: the kill switch, the ceilings, the upstream.
+"""The enforcement pipeline for one ``tools/call``: the kill switch, the stops, the ceilings, the upstream.
 
-Order matters and is fixed: a suspended identity is refused before anything is counted;
+Order matters and is fixed: a suspended or stopped identity is refused before anything is counted;
 an admitted call holds its slots until the upstream answers, fails, times out or is
 cancelled (the ``finally`` below); the upstream call runs under the tool's deadline, so a
 hung upstream cannot hold a slot.
@@ -17,6 +17,7 @@ from mcp_types import INVALID_PARAMS
 
 from haltwire import refusal
 from haltwire.ceilings import Ceilings
+from haltwire.gateway.stops import StopWatch
 from haltwire.gateway.upstreams import Progress, Upstreams, UpstreamUnavailable
 from haltwire.identity import Identity
 from haltwire.killswitch import SuspensionFile
@@ -35,10 +36,17 @@ class UnknownTool(MCPError):
 
 
 class Gateway:
-    def __init__(self, upstreams: Upstreams, ceilings: Ceilings, suspensions: SuspensionFile) -> None:
+    def __init__(
+        self,
+        upstreams: Upstreams,
+        ceilings: Ceilings,
+        suspensions: SuspensionFile,
+        stops: StopWatch | None = None,
+    ) -> None:
         self.upstreams = upstreams
         self.ceilings = ceilings
         self.suspensions = suspensions
+        self.stops = stops
 
     async def call_tool(
         self,
@@ -54,6 +62,8 @@ class Gateway:
         """
         if self.suspensions.is_suspended(identity.agent):
             return refusal.agent_suspended(identity.agent)
+        if self.stops is not None and (stopped := self.stops.check(identity, name)) is not None:
+            return stopped  # before routing and ceilings: a stopped call consumes nothing
         route = self.upstreams.route(name)
         if route is None:
             raise UnknownTool(name)

@@ -1,0 +1,181 @@
+"""The stops the control plane has issued, kept current from its ``/v1/watch`` stream.
+
+``StopWatch.run`` owns one streaming connection for the gateway's lifetime. It replays
+the registry's history at start-up (the gateway reports started only once it holds the
+current stops), then applies each ``stop``/``clear`` event as it arrives, resuming with
+``Last-Event-ID`` after any failure so a reconnect misses and repeats nothing. Every event
+and heartbeat refreshes ``last_heard``; a gateway that has heard nothing for
+``staleness_s`` fails closed (``registry_unreachable``) until it hears again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any, Final
+
+import anyio
+import anyio.abc
+import httpx2
+
+from haltwire import refusal
+from haltwire.config import ControlLink
+from haltwire.gateway.upstream_http import describe
+from haltwire.identity import Identity
+from haltwire.refusal import Refusal
+from haltwire.scope import Scope, ScopeIndex, call_scopes
+from haltwire.store.registry import StopRecord
+
+log = logging.getLogger("haltwire.stops")
+
+_FIELDS: Final = frozenset(f.name for f in fields(StopRecord))
+RECONNECT_MIN_S = 0.2
+RECONNECT_MAX_S = 5.0
+
+
+class ControlUnreachable(Exception):
+    """The control plane did not answer, or did not replay its stops, at start-up."""
+
+
+class StopWatch:
+    def __init__(
+        self,
+        link: ControlLink,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.link = link
+        self.url = link.url.rstrip("/")
+        self._token = link.resolve_token()
+        self._monotonic = monotonic
+        self._clock = clock
+        self.index: ScopeIndex[dict[str, StopRecord]] = ScopeIndex()
+        self.revision = 0
+        self.last_heard: float | None = None
+        #: True once the stops issued before start-up are applied (``run`` reported started).
+        self.ready = False
+
+    # -- the per-call check ----------------------------------------------------------------
+
+    def check(self, identity: Identity, tool: str, run: str | None = None) -> Refusal | None:
+        """The refusal for this call, or None: stale registry first, then any matching stop."""
+        heard = self.last_heard
+        if heard is None or self._monotonic() - heard > self.link.staleness_s:
+            return refusal.registry_unreachable(self.link.staleness_s)
+        if not len(self.index):
+            return None
+        scopes = call_scopes(identity, tool, run)
+        now = self._clock()
+        while (hit := self.index.match(scopes)) is not None:
+            scope, stops = hit
+            for stop in stops.values():
+                if stop.active_at(now):
+                    return refusal.stopped(str(scope), stop.stop_id, stop.reason)
+            # Every stop on this scope has expired: forget them and look at the next scope.
+            self.index.remove(scope)
+        return None
+
+    # -- applying the stream ---------------------------------------------------------------
+
+    def apply(self, kind: str, data: dict[str, Any]) -> None:
+        record = StopRecord(**{k: v for k, v in data["stop"].items() if k in _FIELDS})
+        scope = Scope.parse(record.scope)
+        hit = self.index.match(frozenset({scope}))
+        stops = hit[1] if hit is not None else {}
+        if kind == "stop" and not record.cleared:
+            stops[record.stop_id] = record
+            self.index.add(scope, stops)
+        else:
+            stops.pop(record.stop_id, None)
+            if not stops:
+                self.index.remove(scope)
+
+    def _heard(self) -> None:
+        self.last_heard = self._monotonic()
+
+    def _report_if_caught_up(
+        self, target: int, task_status: anyio.abc.TaskStatus[None]
+    ) -> anyio.abc.TaskStatus[None]:
+        if self.revision >= target and task_status is not anyio.TASK_STATUS_IGNORED:
+            self.ready = True
+            task_status.started()
+            return anyio.TASK_STATUS_IGNORED
+        return task_status
+
+    async def _caught_up_at(self, http: httpx2.AsyncClient) -> int:
+        r = await http.get(f"{self.url}/healthz")
+        r.raise_for_status()
+        return int(r.json()["revision"])
+
+    async def _follow(self, http: httpx2.AsyncClient, task_status: anyio.abc.TaskStatus[None]) -> None:
+        """One connection: stream events until it fails or ends."""
+        target = await self._caught_up_at(http) if task_status is not anyio.TASK_STATUS_IGNORED else 0
+        headers = {"Authorization": f"Bearer {self._token}", "Last-Event-ID": str(self.revision)}
+        async with http.stream("GET", f"{self.url}/v1/watch", headers=headers) as response:
+            response.raise_for_status()
+            self._heard()
+            task_status = self._report_if_caught_up(target, task_status)
+            event: dict[str, str] = {}
+            async for line in response.aiter_lines():
+                if line.startswith(":"):
+                    self._heard()
+                    continue
+                if line:
+                    key, _, value = line.partition(":")
+                    event[key] = value.removeprefix(" ")
+                    continue
+                if not event:
+                    continue
+                self._heard()
+                kind, data, event = event.get("event", "message"), event.get("data", ""), {}
+                if kind == "error":
+                    raise ControlUnreachable(f"the control plane reported: {data}")
+                if kind in ("stop", "clear"):
+                    change = json.loads(data)
+                    self.apply(kind, change)
+                    self.revision = int(change["revision"])
+                task_status = self._report_if_caught_up(target, task_status)
+        raise ControlUnreachable("the watch stream ended")
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Follow the watch stream for the gateway's lifetime, reconnecting with a backoff.
+
+        Reports started once the stops issued before start-up are applied. A failure before
+        that is raised (a start-up error); after it, each failure is logged and retried.
+        """
+        # A silent connection (no event, no heartbeat) for staleness_s is a dead one.
+        timeout = httpx2.Timeout(10.0, read=self.link.staleness_s)
+        delay = RECONNECT_MIN_S
+        async with httpx2.AsyncClient(timeout=timeout) as http:
+            while True:
+                try:
+                    await self._follow(http, task_status)
+                except Exception as exc:
+                    if not self.ready:
+                        raise  # never started: a start-up error for the caller
+                    log.error(
+                        "control plane %s: watch failed (%s); reconnecting in %.1f s",
+                        self.url,
+                        describe(exc),
+                        delay,
+                    )
+                task_status = anyio.TASK_STATUS_IGNORED
+                await anyio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_MAX_S) if self._stale() else RECONNECT_MIN_S
+
+    def _stale(self) -> bool:
+        heard = self.last_heard
+        return heard is None or self._monotonic() - heard > self.link.staleness_s
+
+    async def start(self, tg: anyio.abc.TaskGroup) -> None:
+        try:
+            with anyio.fail_after(self.link.connect_timeout_s):
+                await tg.start(self.run)
+        except Exception as exc:
+            raise ControlUnreachable(
+                f"control plane {self.url} did not replay its stops: {describe(exc)}"
+            ) from exc
