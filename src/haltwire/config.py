@@ -11,7 +11,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -208,9 +208,13 @@ def error_key(loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
-def parse_config(data: dict[str, Any], source: str = "<config>") -> GatewayConfig:
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def validate_config(model: type[ModelT], data: dict[str, Any], source: str) -> ModelT:
+    """``model`` from ``data``, or a ``ConfigError`` listing every problem as ``SOURCE: KEY: PROBLEM``."""
     try:
-        return GatewayConfig.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
@@ -219,17 +223,25 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> GatewayConfi
         raise ConfigError("\n".join(problems)) from None
 
 
+def read_toml(path: Path) -> dict[str, Any]:
+    """A TOML file's tables, or a ``ConfigError`` naming the file and the problem."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the file: {exc.strerror}") from None
+    try:
+        return tomllib.loads(raw.decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+
+
+def parse_config(data: dict[str, Any], source: str = "<config>") -> GatewayConfig:
+    return validate_config(GatewayConfig, data, source)
+
+
 def load_config(path: str | Path) -> GatewayConfig:
     p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read the file: {exc.strerror}") from None
-    try:
-        data = tomllib.loads(raw.decode())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
-    config = parse_config(data, str(p))
+    config = parse_config(read_toml(p), str(p))
     if config.gateway.suspended_file is not None and not config.gateway.suspended_file.is_absolute():
         # A relative kill-switch path is relative to the config file, not the working directory.
         gw = config.gateway.model_copy(update={"suspended_file": p.parent / config.gateway.suspended_file})

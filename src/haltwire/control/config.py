@@ -8,14 +8,13 @@ with ``control.development = true``). A relative SQLite path is relative to the 
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from haltwire.config import ConfigError, error_key
+from haltwire.config import read_toml, validate_config
 from haltwire.identity import token_sha256
 
 Role = Literal["operator", "tripwire", "gateway", "executor", "agent", "viewer"]
@@ -108,27 +107,12 @@ class ControlConfig(_Model):
 
 
 def parse_control_config(data: dict[str, Any], source: str = "<config>") -> ControlConfig:
-    try:
-        return ControlConfig.model_validate(data)
-    except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            msg = err["msg"].removeprefix("Value error, ")
-            problems.append(f"{source}: {error_key(tuple(err['loc']))}: {msg}")
-        raise ConfigError("\n".join(problems)) from None
+    return validate_config(ControlConfig, data, source)
 
 
 def load_control_config(path: str | Path) -> ControlConfig:
     p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read the file: {exc.strerror}") from None
-    try:
-        data = tomllib.loads(raw.decode())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
-    config = parse_control_config(data, str(p))
+    config = parse_control_config(read_toml(p), str(p))
     if not config.registry.path.is_absolute():
         registry = config.registry.model_copy(update={"path": p.parent / config.registry.path})
         config = config.model_copy(update={"registry": registry})
