@@ -8,19 +8,13 @@ replaced on next use. Failures raise ``RegistryUnavailable``.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
-import anyio
-import psycopg
 from psycopg import sql
 
 from haltwire.store.audit import COLUMNS, AuditRecord, Outcome, as_row, checked_append, from_row, new_record
-from haltwire.store.registry import RegistryUnavailable
-
-T = TypeVar("T")
-Conn = psycopg.AsyncConnection[tuple[Any, ...]]
+from haltwire.store.sql import PostgresConnection
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -51,24 +45,9 @@ _SELECT_TARGET = f"SELECT {_COLS} FROM {{t}} WHERE seq > %s AND target = %s ORDE
 class PostgresAuditLog:
     """Open with ``await PostgresAuditLog.open(url, schema=...)``; the table is created if missing."""
 
-    def __init__(self, url: str, schema: str, connect_timeout: float, application_name: str) -> None:
-        self._url = url
-        self._application_name = application_name
-        self._timeout = connect_timeout
-        self._conn: Conn | None = None
-        self._closed = False
-        self._lock = anyio.Lock()
-        table = sql.Identifier(schema, "audit")
-        self._q = {
-            name: sql.SQL(text).format(t=table, name=sql.Literal(f"haltwire.audit:{schema}"))
-            for name, text in {
-                "lock": _LOCK,
-                "insert": _INSERT,
-                "last": _LAST,
-                "select": _SELECT,
-                "select_target": _SELECT_TARGET,
-            }.items()
-        }
+    def __init__(self, db: PostgresConnection, queries: dict[str, sql.Composed]) -> None:
+        self._db = db
+        self._q = queries
 
     @classmethod
     async def open(
@@ -79,44 +58,28 @@ class PostgresAuditLog:
         connect_timeout: float = 5.0,
         application_name: str = "haltwire-audit",
     ) -> PostgresAuditLog:
-        log = cls(url, schema, connect_timeout, application_name)
-
-        async def create(conn: Conn) -> None:
-            async with conn.transaction():
-                await conn.execute(log._q["lock"])
-                await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-                for statement in _SCHEMA.split(";"):
-                    await conn.execute(sql.SQL(statement).format(t=sql.Identifier(schema, "audit")))
-
-        await log._run(create)
-        return log
-
-    async def _connection(self) -> Conn:
-        if self._closed:
-            raise RegistryUnavailable("the audit log is closed")
-        if self._conn is None or self._conn.broken or self._conn.closed:
-            self._conn = await psycopg.AsyncConnection.connect(
-                self._url,
-                autocommit=True,
-                connect_timeout=max(1, round(self._timeout)),
-                application_name=self._application_name,
-            )
-        return self._conn
-
-    async def _run(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
-        async with self._lock:
-            try:
-                with anyio.fail_after(self._timeout * 2):
-                    return await fn(await self._connection())
-            except (psycopg.Error, OSError, TimeoutError) as exc:
-                await self._discard()  # its state is unknown: the next call reconnects
-                raise RegistryUnavailable(f"audit store failed: {exc}") from exc
-
-    async def _discard(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with anyio.CancelScope(shield=True), contextlib.suppress(psycopg.Error, OSError):
-                await conn.close()
+        table = sql.Identifier(schema, "audit")
+        queries: dict[str, sql.Composed] = {
+            name: sql.SQL(text).format(t=table, name=sql.Literal(f"haltwire.audit:{schema}"))
+            for name, text in {
+                "lock": _LOCK,
+                "insert": _INSERT,
+                "last": _LAST,
+                "select": _SELECT,
+                "select_target": _SELECT_TARGET,
+            }.items()
+        }
+        db = await PostgresConnection.open(
+            url,
+            schema,
+            connect_timeout,
+            application_name,
+            lock_key=queries["lock"],
+            ddl=[sql.SQL(statement).format(t=table) for statement in _SCHEMA.split(";")],
+            what="audit log",
+            store="audit",
+        )
+        return cls(db, queries)
 
     async def append(
         self,
@@ -133,15 +96,11 @@ class PostgresAuditLog:
         outcome = checked_append(actor, action, outcome, detail, now)
         fields = (actor, role, action, target, outcome, reason, detail)
 
-        async def write(conn: Conn) -> AuditRecord:
-            async with conn.transaction():
-                await conn.execute(self._q["lock"])
-                last = await (await conn.execute(self._q["last"])).fetchone()
-                record = new_record(last, fields, now)
-                await conn.execute(self._q["insert"], as_row(record))
-            return record
-
-        return await self._run(write)
+        async with self._db.transaction(self._q["lock"]) as conn:
+            last = await (await conn.execute(self._q["last"])).fetchone()
+            record = new_record(last, fields, now)
+            await conn.execute(self._q["insert"], as_row(record))
+        return record
 
     async def records(
         self, *, since_seq: int = 0, target: str | None = None, limit: int | None = None
@@ -153,12 +112,7 @@ class PostgresAuditLog:
         else:
             name, params = "select_target", (since_seq, target, bounded)
 
-        async def read(conn: Conn) -> list[tuple[Any, ...]]:
-            return await (await conn.execute(self._q[name], params)).fetchall()
-
-        return [from_row(row) for row in await self._run(read)]
+        return [from_row(row) for row in await self._db.fetchall(self._q[name], params)]
 
     async def aclose(self) -> None:
-        async with self._lock:
-            self._closed = True
-            await self._discard()
+        await self._db.aclose()

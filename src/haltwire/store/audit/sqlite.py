@@ -9,17 +9,12 @@ processes appending to the same file.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
-
-import anyio
-import anyio.to_thread
+from typing import Any
 
 from haltwire.store.audit import COLUMNS, AuditRecord, Outcome, as_row, checked_append, from_row, new_record
-from haltwire.store.registry import RegistryUnavailable
-
-T = TypeVar("T")
+from haltwire.store.sql import SqliteConnection, immediate
 
 _COLS = ", ".join(COLUMNS)
 _SCHEMA = """
@@ -44,37 +39,12 @@ _SELECT = f"SELECT {_COLS} FROM audit WHERE seq > ?"
 
 
 class SqliteAuditLog:
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn: sqlite3.Connection | None = conn
-        self._lock = anyio.Lock()
+    def __init__(self, db: SqliteConnection) -> None:
+        self._db = db
 
     @classmethod
     async def open(cls, path: str | Path) -> SqliteAuditLog:
-        def connect() -> sqlite3.Connection:
-            conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=10.0)
-            try:
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=FULL")
-                conn.executescript(_SCHEMA)
-            except BaseException:
-                conn.close()
-                raise
-            return conn
-
-        try:
-            return cls(await anyio.to_thread.run_sync(connect))
-        except sqlite3.Error as exc:
-            raise RegistryUnavailable(f"cannot open the audit log at {path}: {exc}") from exc
-
-    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        async with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise RegistryUnavailable("the audit log is closed")
-            try:
-                return await anyio.to_thread.run_sync(fn, conn)
-            except sqlite3.Error as exc:
-                raise RegistryUnavailable(f"audit store failed: {exc}") from exc
+        return cls(await SqliteConnection.open(path, _SCHEMA, what="audit log", store="audit"))
 
     async def append(
         self,
@@ -92,17 +62,12 @@ class SqliteAuditLog:
         fields = (actor, role, action, target, outcome, reason, detail)
 
         def write(conn: sqlite3.Connection) -> AuditRecord:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with immediate(conn):
                 record = new_record(conn.execute(_LAST).fetchone(), fields, now)
                 conn.execute(_INSERT, as_row(record))
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
             return record
 
-        return await self._run(write)
+        return await self._db.run(write)
 
     async def records(
         self, *, since_seq: int = 0, target: str | None = None, limit: int | None = None
@@ -113,11 +78,8 @@ class SqliteAuditLog:
             params.append(target)
         query += " ORDER BY seq LIMIT ?"
         params.append(-1 if limit is None else max(0, limit))
-        rows = await self._run(lambda conn: conn.execute(query, params).fetchall())
+        rows = await self._db.run(lambda conn: conn.execute(query, params).fetchall())
         return [from_row(row) for row in rows]
 
     async def aclose(self) -> None:
-        async with self._lock:
-            conn, self._conn = self._conn, None
-            if conn is not None:
-                await anyio.to_thread.run_sync(conn.close)
+        await self._db.aclose()

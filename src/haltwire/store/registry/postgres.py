@@ -3,17 +3,14 @@
 Every write transaction first takes a transaction-scoped advisory lock for this registry's
 schema, so writers (from any replica) are serialized: revisions are assigned and committed in
 the same order, and a reader at revision N never later sees a smaller revision appear.
-One connection per registry, guarded by a lock; a broken connection is replaced on next use.
+One connection per registry (``haltwire.store.sql.PostgresConnection``), guarded by a lock; a
+broken connection is replaced on next use.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
-import anyio
-import psycopg
 from psycopg import sql
 
 from haltwire.store.registry import (
@@ -29,9 +26,8 @@ from haltwire.store.registry import (
     issued,
     new_stop_id,
 )
-
-T = TypeVar("T")
-Conn = psycopg.AsyncConnection[tuple[Any, ...]]
+from haltwire.store.sql import PgConn as Conn
+from haltwire.store.sql import PostgresConnection
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -69,26 +65,9 @@ _LATEST = "SELECT COALESCE(MAX(revision), 0) FROM {t}"
 class PostgresRegistry:
     """Open with ``await PostgresRegistry.open(url, schema=...)``; the schema is created if missing."""
 
-    def __init__(self, url: str, schema: str, connect_timeout: float, application_name: str) -> None:
-        self._url = url
-        self._application_name = application_name
-        self._schema = schema
-        self._timeout = connect_timeout
-        self._conn: Conn | None = None
-        self._closed = False
-        self._lock = anyio.Lock()
-        table = sql.Identifier(schema, "changes")
-        self._q = {
-            name: sql.SQL(text).format(t=table, name=sql.Literal(f"haltwire.registry:{schema}"))
-            for name, text in {
-                "lock": _LOCK,
-                "insert": _INSERT,
-                "by_stop": _BY_STOP,
-                "active": _ACTIVE,
-                "since": _SINCE,
-                "latest": _LATEST,
-            }.items()
-        }
+    def __init__(self, db: PostgresConnection, queries: dict[str, sql.Composed]) -> None:
+        self._db = db
+        self._q = queries
 
     @classmethod
     async def open(
@@ -99,44 +78,29 @@ class PostgresRegistry:
         connect_timeout: float = 5.0,
         application_name: str = "haltwire-registry",
     ) -> PostgresRegistry:
-        registry = cls(url, schema, connect_timeout, application_name)
-
-        async def create(conn: Conn) -> None:
-            async with conn.transaction():
-                await conn.execute(registry._q["lock"])
-                await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-                for statement in _SCHEMA.split(";"):
-                    await conn.execute(sql.SQL(statement).format(t=sql.Identifier(schema, "changes")))
-
-        await registry._run(create)
-        return registry
-
-    async def _connection(self) -> Conn:
-        if self._closed:
-            raise RegistryUnavailable("the registry is closed")
-        if self._conn is None or self._conn.broken or self._conn.closed:
-            self._conn = await psycopg.AsyncConnection.connect(
-                self._url,
-                autocommit=True,
-                connect_timeout=max(1, round(self._timeout)),
-                application_name=self._application_name,
-            )
-        return self._conn
-
-    async def _run(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
-        async with self._lock:
-            try:
-                with anyio.fail_after(self._timeout * 2):
-                    return await fn(await self._connection())
-            except (psycopg.Error, OSError, TimeoutError) as exc:
-                await self._discard()  # its state is unknown: the next call reconnects
-                raise RegistryUnavailable(f"registry store failed: {exc}") from exc
-
-    async def _discard(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with anyio.CancelScope(shield=True), contextlib.suppress(psycopg.Error, OSError):
-                await conn.close()
+        table = sql.Identifier(schema, "changes")
+        queries: dict[str, sql.Composed] = {
+            name: sql.SQL(text).format(t=table, name=sql.Literal(f"haltwire.registry:{schema}"))
+            for name, text in {
+                "lock": _LOCK,
+                "insert": _INSERT,
+                "by_stop": _BY_STOP,
+                "active": _ACTIVE,
+                "since": _SINCE,
+                "latest": _LATEST,
+            }.items()
+        }
+        db = await PostgresConnection.open(
+            url,
+            schema,
+            connect_timeout,
+            application_name,
+            lock_key=queries["lock"],
+            ddl=[sql.SQL(statement).format(t=table) for statement in _SCHEMA.split(";")],
+            what="registry",
+            store="registry",
+        )
+        return cls(db, queries)
 
     async def _append(self, conn: Conn, fields: tuple[object, ...]) -> int:
         """Append one change with the next revision, inside the caller's locked transaction."""
@@ -152,35 +116,24 @@ class PostgresRegistry:
         scope = checked_issue(scope, reason, issued_by)
         fields = ("stop", new_stop_id(), scope, reason, issued_by, now, expires_at)
 
-        async def write(conn: Conn) -> StopRecord:
-            async with conn.transaction():
-                await conn.execute(self._q["lock"])
-                revision = await self._append(conn, fields)
-            return issued((revision, *fields))
-
-        return await self._run(write)
+        async with self._db.transaction(self._q["lock"]) as conn:
+            revision = await self._append(conn, fields)
+        return issued((revision, *fields))
 
     async def clear_stop(self, stop_id: str, cleared_by: str, reason: str, *, now: float) -> StopRecord:
         checked_clear(cleared_by, reason)
 
-        async def write(conn: Conn) -> StopRecord:
-            async with conn.transaction():
-                await conn.execute(self._q["lock"])
-                rows = await (await conn.execute(self._q["by_stop"], (stop_id,))).fetchall()
-                stop = clearable(rows, stop_id)
-                fields = ("clear", stop_id, stop.scope, reason, cleared_by, now, None)
-                revision = await self._append(conn, fields)
-            cleared = fold([*rows, (revision, *fields)])
-            assert cleared is not None
-            return cleared
-
-        return await self._run(write)
+        async with self._db.transaction(self._q["lock"]) as conn:
+            rows = await (await conn.execute(self._q["by_stop"], (stop_id,))).fetchall()
+            stop = clearable(rows, stop_id)
+            fields = ("clear", stop_id, stop.scope, reason, cleared_by, now, None)
+            revision = await self._append(conn, fields)
+        cleared = fold([*rows, (revision, *fields)])
+        assert cleared is not None
+        return cleared
 
     async def _fetch(self, name: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
-        async def read(conn: Conn) -> list[tuple[Any, ...]]:
-            return await (await conn.execute(self._q[name], params)).fetchall()
-
-        return await self._run(read)
+        return await self._db.fetchall(self._q[name], params)
 
     async def active_stops(self, *, now: float) -> list[StopRecord]:
         return [issued(row) for row in await self._fetch("active", (now,))]
@@ -197,9 +150,7 @@ class PostgresRegistry:
         return int(latest)
 
     async def aclose(self) -> None:
-        async with self._lock:
-            self._closed = True
-            await self._discard()
+        await self._db.aclose()
 
 
 def _one(row: tuple[Any, ...] | None) -> tuple[Any, ...]:

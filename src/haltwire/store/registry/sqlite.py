@@ -8,17 +8,11 @@ one connection, one lock, so writes are serialized and revisions follow commit o
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
-
-import anyio
-import anyio.to_thread
 
 from haltwire.store.registry import (
     COLUMNS,
     Change,
-    RegistryUnavailable,
     StopRecord,
     change,
     checked_clear,
@@ -28,8 +22,7 @@ from haltwire.store.registry import (
     issued,
     new_stop_id,
 )
-
-T = TypeVar("T")
+from haltwire.store.sql import SqliteConnection, immediate
 
 _COLS = ", ".join(COLUMNS)
 _SCHEMA = """
@@ -62,37 +55,12 @@ _LATEST = "SELECT COALESCE(MAX(revision), 0) FROM changes"
 
 
 class SqliteRegistry:
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn: sqlite3.Connection | None = conn
-        self._lock = anyio.Lock()
+    def __init__(self, db: SqliteConnection) -> None:
+        self._db = db
 
     @classmethod
     async def open(cls, path: str | Path) -> SqliteRegistry:
-        def connect() -> sqlite3.Connection:
-            conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=10.0)
-            try:
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=FULL")
-                conn.executescript(_SCHEMA)
-            except BaseException:
-                conn.close()
-                raise
-            return conn
-
-        try:
-            return cls(await anyio.to_thread.run_sync(connect))
-        except sqlite3.Error as exc:
-            raise RegistryUnavailable(f"cannot open the registry at {path}: {exc}") from exc
-
-    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        async with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise RegistryUnavailable("the registry is closed")
-            try:
-                return await anyio.to_thread.run_sync(fn, conn)
-            except sqlite3.Error as exc:
-                raise RegistryUnavailable(f"registry store failed: {exc}") from exc
+        return cls(await SqliteConnection.open(path, _SCHEMA, what="registry", store="registry"))
 
     @staticmethod
     def _append(conn: sqlite3.Connection, row_after_revision: tuple[object, ...]) -> int:
@@ -110,17 +78,17 @@ class SqliteRegistry:
         fields = ("stop", stop_id, scope, reason, issued_by, now, expires_at)
 
         def write(conn: sqlite3.Connection) -> StopRecord:
-            with _transaction(conn):
+            with immediate(conn):
                 revision = self._append(conn, fields)
             return issued((revision, *fields))
 
-        return await self._run(write)
+        return await self._db.run(write)
 
     async def clear_stop(self, stop_id: str, cleared_by: str, reason: str, *, now: float) -> StopRecord:
         checked_clear(cleared_by, reason)
 
         def write(conn: sqlite3.Connection) -> StopRecord:
-            with _transaction(conn):
+            with immediate(conn):
                 rows = conn.execute(_BY_STOP, (stop_id,)).fetchall()
                 stop = clearable(rows, stop_id)
                 fields = ("clear", stop_id, stop.scope, reason, cleared_by, now, None)
@@ -129,40 +97,24 @@ class SqliteRegistry:
             assert cleared is not None
             return cleared
 
-        return await self._run(write)
+        return await self._db.run(write)
 
     async def active_stops(self, *, now: float) -> list[StopRecord]:
-        rows = await self._run(lambda conn: conn.execute(_ACTIVE, (now,)).fetchall())
+        rows = await self._db.run(lambda conn: conn.execute(_ACTIVE, (now,)).fetchall())
         return [issued(row) for row in rows]
 
     async def get_stop(self, stop_id: str) -> StopRecord | None:
-        rows = await self._run(lambda conn: conn.execute(_BY_STOP, (stop_id,)).fetchall())
+        rows = await self._db.run(lambda conn: conn.execute(_BY_STOP, (stop_id,)).fetchall())
         return fold(rows)
 
     async def changes_since(self, revision: int, *, limit: int = 1000) -> list[Change]:
-        rows = await self._run(lambda conn: conn.execute(_SINCE, (revision, limit)).fetchall())
+        rows = await self._db.run(lambda conn: conn.execute(_SINCE, (revision, limit)).fetchall())
         n = len(COLUMNS)
         return [change(row[:n], row[n:]) for row in rows]
 
     async def revision(self) -> int:
-        (latest,) = await self._run(lambda conn: conn.execute(_LATEST).fetchone())
+        (latest,) = await self._db.run(lambda conn: conn.execute(_LATEST).fetchone())
         return int(latest)
 
     async def aclose(self) -> None:
-        async with self._lock:
-            conn, self._conn = self._conn, None
-            if conn is not None:
-                await anyio.to_thread.run_sync(conn.close)
-
-
-class _transaction:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT``, or ``ROLLBACK`` on any error."""
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
-
-    def __enter__(self) -> None:
-        self._conn.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self._conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        await self._db.aclose()
