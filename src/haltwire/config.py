@@ -22,11 +22,13 @@ class ConfigError(Exception):
     """A configuration problem, phrased as ``FILE: KEY: PROBLEM``."""
 
 
-class _Model(BaseModel):
+class ConfigModel(BaseModel):
+    """Base of every config table: unknown keys are errors, values are immutable."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class ToolLimits(_Model):
+class ToolLimits(ConfigModel):
     """Per-tool overrides. A tool budget counts calls to this tool per identity."""
 
     budget: int | None = Field(default=None, ge=0)
@@ -34,7 +36,7 @@ class ToolLimits(_Model):
     deadline_s: float | None = Field(default=None, gt=0)
 
 
-class LimitsOverride(_Model):
+class LimitsOverride(ConfigModel):
     budget: int | None = Field(default=None, ge=0)
     window_s: float | None = Field(default=None, gt=0)
     max_in_flight: int | None = Field(default=None, ge=1)
@@ -49,15 +51,11 @@ class Limits(LimitsOverride):
     deadline_s: float = Field(default=30.0, gt=0)
 
 
-class IdentityConfig(_Model):
-    agent: str = Field(min_length=1)
-    tenant: str = "default"
-    version: str = "0"
+class TokenFields(ConfigModel):
+    """An identity's bearer token, as its SHA-256 (``token_sha256``) or, in development, in plain."""
+
     token_sha256: str | None = None
     token: str | None = None
-    suspended_at_edge: bool = False
-    refuse_at: RefuseAt = "tool"
-    limits: LimitsOverride = Field(default_factory=LimitsOverride)
 
     @field_validator("token_sha256")
     @classmethod
@@ -67,13 +65,26 @@ class IdentityConfig(_Model):
         return v
 
     @model_validator(mode="after")
-    def _one_token(self) -> IdentityConfig:
+    def _one_token(self) -> TokenFields:
         if (self.token is None) == (self.token_sha256 is None):
             raise ValueError("give exactly one of token_sha256 or token")
         return self
 
+    @property
+    def digest(self) -> str:
+        return self.token_sha256 or token_sha256(self.token or "")
 
-class UpstreamConfig(_Model):
+
+class IdentityConfig(TokenFields):
+    agent: str = Field(min_length=1)
+    tenant: str = "default"
+    version: str = "0"
+    suspended_at_edge: bool = False
+    refuse_at: RefuseAt = "tool"
+    limits: LimitsOverride = Field(default_factory=LimitsOverride)
+
+
+class UpstreamConfig(ConfigModel):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     url: str | None = None
     command: list[str] | None = None
@@ -92,7 +103,7 @@ class UpstreamConfig(_Model):
         return self
 
 
-class GatewaySection(_Model):
+class GatewaySection(ConfigModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8800, ge=0, le=65535)
     #: Accept plain ``token`` entries. Never in production.
@@ -104,7 +115,7 @@ class GatewaySection(_Model):
     refusal_style: Literal["terminal", "please-try-again"] = "terminal"
 
 
-class CountersSection(_Model):
+class CountersSection(ConfigModel):
     backend: Literal["memory", "redis"] = "memory"
     url: str = "redis://127.0.0.1:6379/0"
     prefix: str = "haltwire"
@@ -115,7 +126,7 @@ class CountersSection(_Model):
     timeout_s: float = Field(default=0.5, gt=0)
 
 
-class ControlLink(_Model):
+class ControlLink(ConfigModel):
     """The control plane whose stops this gateway enforces (``[control]``; absent: standalone)."""
 
     url: str = Field(min_length=1)
@@ -145,7 +156,7 @@ class ControlLink(_Model):
         return value
 
 
-class GatewayConfig(_Model):
+class GatewayConfig(ConfigModel):
     gateway: GatewaySection = Field(default_factory=GatewaySection)
     counters: CountersSection = Field(default_factory=CountersSection)
     control: ControlLink | None = None
@@ -190,8 +201,7 @@ class GatewayConfig(_Model):
     def token_table(self) -> TokenTable:
         by_hash: dict[str, Identity] = {}
         for i in self.identities:
-            digest = i.token_sha256 or token_sha256(i.token or "")
-            by_hash[digest] = Identity(
+            by_hash[i.digest] = Identity(
                 agent=i.agent,
                 tenant=i.tenant,
                 version=i.version,

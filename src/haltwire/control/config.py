@@ -7,24 +7,19 @@ with ``control.development = true``). A relative SQLite path is relative to the 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from haltwire.config import read_toml, validate_config
+from haltwire.config import ConfigModel, TokenFields, read_toml, validate_config
 from haltwire.identity import token_sha256
 
 Role = Literal["operator", "tripwire", "gateway", "executor", "agent", "viewer"]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ControlSection(_Model):
+class ControlSection(ConfigModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8700, ge=0, le=65535)
     #: Accept plain ``token`` entries. Never in production.
@@ -33,7 +28,7 @@ class ControlSection(_Model):
     heartbeat_s: float = Field(default=5.0, gt=0)
 
 
-class RegistrySection(_Model):
+class RegistrySection(ConfigModel):
     backend: Literal["sqlite", "postgres"] = "sqlite"
     #: SQLite file holding the registry and the audit log.
     path: Path = Path("haltwire.db")
@@ -43,25 +38,14 @@ class RegistrySection(_Model):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
-class IdentityEntry(_Model):
+class IdentityEntry(TokenFields):
     name: str = Field(min_length=1)
     role: Role
-    token_sha256: str | None = None
-    token: str | None = None
     #: For role ``agent``: the agent id whose stops it may read.
     agent: str | None = None
 
-    @field_validator("token_sha256")
-    @classmethod
-    def _hex(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"[0-9a-f]{64}", v):
-            raise ValueError("must be 64 lowercase hex digits (the SHA-256 of the token)")
-        return v
-
     @model_validator(mode="after")
     def _consistent(self) -> IdentityEntry:
-        if (self.token is None) == (self.token_sha256 is None):
-            raise ValueError("give exactly one of token_sha256 or token")
         if self.role == "agent" and not self.agent:
             raise ValueError("an identity with role 'agent' needs agent (its agent id)")
         if self.role != "agent" and self.agent is not None:
@@ -78,7 +62,7 @@ class Caller:
     agent: str | None = None
 
 
-class ControlConfig(_Model):
+class ControlConfig(ConfigModel):
     control: ControlSection = Field(default_factory=ControlSection)
     registry: RegistrySection = Field(default_factory=RegistrySection)
     identities: list[IdentityEntry] = Field(default_factory=list)
@@ -100,10 +84,7 @@ class ControlConfig(_Model):
 
     def callers(self) -> dict[str, Caller]:
         """Token SHA-256 to caller."""
-        return {
-            (i.token_sha256 or token_sha256(i.token or "")): Caller(i.name, i.role, i.agent)
-            for i in self.identities
-        }
+        return {i.digest: Caller(i.name, i.role, i.agent) for i in self.identities}
 
 
 def parse_control_config(data: dict[str, Any], source: str = "<config>") -> ControlConfig:
