@@ -163,3 +163,8 @@ class PostgresConnection:
         async with self._lock:
             self._closed = True
             await self._discard()
+
+
+def table_queries(table: sql.Identifier, lock_name: str, texts: dict[str, str]) -> dict[str, sql.Composed]:
+    """Each query text with ``{t}`` bound to ``table`` and ``{name}`` to the advisory lock's name."""
+    return {name: sql.SQL(text).format(t=table, name=sql.Literal(lock_name)) for name, text in texts.items()}

@@ -14,7 +14,7 @@ from typing import Any
 from psycopg import sql
 
 from haltwire.store.audit import COLUMNS, AuditRecord, Outcome, as_row, checked_append, from_row, new_record
-from haltwire.store.sql import PostgresConnection
+from haltwire.store.sql import PostgresConnection, table_queries
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -59,16 +59,17 @@ class PostgresAuditLog:
         application_name: str = "haltwire-audit",
     ) -> PostgresAuditLog:
         table = sql.Identifier(schema, "audit")
-        queries: dict[str, sql.Composed] = {
-            name: sql.SQL(text).format(t=table, name=sql.Literal(f"haltwire.audit:{schema}"))
-            for name, text in {
+        queries = table_queries(
+            table,
+            f"haltwire.audit:{schema}",
+            {
                 "lock": _LOCK,
                 "insert": _INSERT,
                 "last": _LAST,
                 "select": _SELECT,
                 "select_target": _SELECT_TARGET,
-            }.items()
-        }
+            },
+        )
         db = await PostgresConnection.open(
             url,
             schema,

@@ -27,7 +27,7 @@ from haltwire.store.registry import (
     new_stop_id,
 )
 from haltwire.store.sql import PgConn as Conn
-from haltwire.store.sql import PostgresConnection
+from haltwire.store.sql import PostgresConnection, table_queries
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -79,17 +79,18 @@ class PostgresRegistry:
         application_name: str = "haltwire-registry",
     ) -> PostgresRegistry:
         table = sql.Identifier(schema, "changes")
-        queries: dict[str, sql.Composed] = {
-            name: sql.SQL(text).format(t=table, name=sql.Literal(f"haltwire.registry:{schema}"))
-            for name, text in {
+        queries = table_queries(
+            table,
+            f"haltwire.registry:{schema}",
+            {
                 "lock": _LOCK,
                 "insert": _INSERT,
                 "by_stop": _BY_STOP,
                 "active": _ACTIVE,
                 "since": _SINCE,
                 "latest": _LATEST,
-            }.items()
-        }
+            },
+        )
         db = await PostgresConnection.open(
             url,
             schema,
