@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,7 @@ from psycopg import sql
 from haltwire.control import create_app, parse_control_config
 from haltwire.control.stores import Stores, open_stores
 from haltwire.serve import serving
-from haltwire.store.registry import RegistryUnavailable
-from haltwire.store.registry.postgres import DEFAULT_URL
+from haltwire.store.registry.postgres import DEFAULT_URL, notify_channel
 from harness import service_missing
 
 pytestmark = pytest.mark.anyio
@@ -49,12 +49,50 @@ def auth(role: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {TOKEN[role]}"}
 
 
+def drop_schema(schema: str) -> None:
+    try:
+        with psycopg.connect(DEFAULT_URL, autocommit=True, connect_timeout=5) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+    except psycopg.OperationalError:
+        pass
+
+
+@contextmanager
+def postgres_section() -> Iterator[dict[str, Any]]:
+    """A ``[registry]`` section on a fresh PostgreSQL schema, dropped afterwards."""
+    try:
+        psycopg.connect(DEFAULT_URL, connect_timeout=5).close()
+    except psycopg.OperationalError:
+        service_missing("PostgreSQL")
+    schema = f"test_control_{uuid.uuid4().hex[:12]}"
+    try:
+        yield {"backend": "postgres", "url": DEFAULT_URL, "schema": schema}
+    finally:
+        drop_schema(schema)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """The ``[registry]`` section of each backend; the API suite runs against both."""
+    if request.param == "sqlite":
+        yield {"backend": "sqlite", "path": str(tmp_path / "control.db")}
+        return
+    with postgres_section() as section:
+        yield section
+
+
 @asynccontextmanager
 async def control(
-    tmp_path: Path, heartbeat_s: float = 5.0, registry: dict[str, Any] | None = None
+    tmp_path: Path,
+    heartbeat_s: float = 5.0,
+    registry: dict[str, Any] | None = None,
+    *,
+    identities: Sequence[dict[str, Any]] = (),
 ) -> AsyncIterator[tuple[httpx2.AsyncClient, Stores]]:
     section = registry or {"backend": "sqlite", "path": str(tmp_path / "control.db")}
-    config = parse_control_config(config_dict(section, heartbeat_s))
+    data = config_dict(section, heartbeat_s)
+    data["identities"] += list(identities)
+    config = parse_control_config(data)
     async with open_stores(config.registry) as stores:
         async with serving(create_app(config, stores)) as url:
             async with httpx2.AsyncClient(base_url=url, timeout=10) as client:
@@ -128,9 +166,9 @@ async def call(client: httpx2.AsyncClient, endpoint: str, role: str | None) -> i
     return r.status_code
 
 
-async def test_every_endpoint_against_every_role_and_no_token(tmp_path: Path) -> None:
+async def test_every_endpoint_against_every_role_and_no_token(tmp_path: Path, store: dict[str, Any]) -> None:
     ok = {"issue": 201}
-    async with control(tmp_path) as (client, _):
+    async with control(tmp_path, registry=store) as (client, _):
         got, want = {}, {}
         for endpoint, allowed in ALLOWED.items():
             for role in (*ROLES, None):
@@ -142,8 +180,10 @@ async def test_every_endpoint_against_every_role_and_no_token(tmp_path: Path) ->
         assert got == want
 
 
-async def test_malformed_and_unknown_tokens_get_401_in_the_refusal_shape(tmp_path: Path) -> None:
-    async with control(tmp_path) as (client, _):
+async def test_malformed_and_unknown_tokens_get_401_in_the_refusal_shape(
+    tmp_path: Path, store: dict[str, Any]
+) -> None:
+    async with control(tmp_path, registry=store) as (client, _):
         for header in ("Bearer nope", "Basic dG9rOng=", "Bearer", "tok-operator"):
             r = await client.get("/v1/stops", headers={"Authorization": header})
             assert r.status_code == 401
@@ -151,11 +191,37 @@ async def test_malformed_and_unknown_tokens_get_401_in_the_refusal_shape(tmp_pat
             assert error["code"] == "unauthenticated" and error["retryable"] is False
 
 
+async def test_an_expired_token_gets_401_and_one_before_its_expiry_is_served(tmp_path: Path) -> None:
+    now = datetime.now(UTC)
+    identities = [
+        {"name": "old-op", "role": "operator", "token": "tok-old", "expires": now - timedelta(seconds=1)},
+        {"name": "new-op", "role": "operator", "token": "tok-new", "expires": now + timedelta(hours=1)},
+    ]
+    async with control(tmp_path, identities=identities) as (client, _):
+        r = await client.get("/v1/stops", headers={"Authorization": "Bearer tok-old"})
+        assert r.status_code == 401 and "token expired" in r.json()["error"]["message"]
+        r = await client.get("/v1/stops", headers={"Authorization": "Bearer tok-new"})
+        assert r.status_code == 200
+
+
+def test_a_token_expiry_without_a_utc_offset_is_a_config_error(tmp_path: Path) -> None:
+    from haltwire.config import ConfigError
+    from haltwire.control import load_control_config
+
+    path = tmp_path / "control.toml"
+    path.write_text(
+        '[[identities]]\nname = "o"\nrole = "operator"\ntoken_sha256 = "' + "0" * 64 + '"\n'
+        "expires = 2027-01-31T00:00:00\n"
+    )
+    with pytest.raises(ConfigError, match="UTC offset"):
+        load_control_config(path)
+
+
 # -- stops, clears and their audit records ------------------------------------------------------
 
 
-async def test_stop_and_clear_round_trip_is_audited(tmp_path: Path) -> None:
-    async with control(tmp_path) as (client, _):
+async def test_stop_and_clear_round_trip_is_audited(tmp_path: Path, store: dict[str, Any]) -> None:
+    async with control(tmp_path, registry=store) as (client, _):
         stop = await issue(client, "run:r1")
         assert stop["issued_by"] == "operator-1" and stop["stop_id"].startswith("stp_")
         active = (await client.get("/v1/stops", headers=auth("viewer"))).json()["stops"]
@@ -187,8 +253,10 @@ async def test_stop_and_clear_round_trip_is_audited(tmp_path: Path) -> None:
         assert verified["ok"] is True and verified["checked"] == len(records)
 
 
-async def test_bad_scope_and_empty_reason_are_422_with_a_clear_message(tmp_path: Path) -> None:
-    async with control(tmp_path) as (client, _):
+async def test_bad_scope_and_empty_reason_are_422_with_a_clear_message(
+    tmp_path: Path, store: dict[str, Any]
+) -> None:
+    async with control(tmp_path, registry=store) as (client, _):
         r = await client.post(
             "/v1/stops", json={"scope": "planet:x", "reason": "r"}, headers=auth("operator")
         )
@@ -199,8 +267,10 @@ async def test_bad_scope_and_empty_reason_are_422_with_a_clear_message(tmp_path:
         assert r.status_code == 422
 
 
-async def test_an_agent_clearing_its_own_stop_gets_403_and_an_audit_record(tmp_path: Path) -> None:
-    async with control(tmp_path) as (client, _):
+async def test_an_agent_clearing_its_own_stop_gets_403_and_an_audit_record(
+    tmp_path: Path, store: dict[str, Any]
+) -> None:
+    async with control(tmp_path, registry=store) as (client, _):
         stop = await issue(client, "agent:a1", role="tripwire")
         r = await client.post(
             f"/v1/stops/{stop['stop_id']}/clear", json={"reason": "let me go"}, headers=auth("agent")
@@ -220,8 +290,8 @@ async def test_an_agent_clearing_its_own_stop_gets_403_and_an_audit_record(tmp_p
         assert [s["stop_id"] for s in still] == [stop["stop_id"]]
 
 
-async def test_an_agent_sees_only_its_own_and_global_stops(tmp_path: Path) -> None:
-    async with control(tmp_path) as (client, _):
+async def test_an_agent_sees_only_its_own_and_global_stops(tmp_path: Path, store: dict[str, Any]) -> None:
+    async with control(tmp_path, registry=store) as (client, _):
         mine = await issue(client, "agent:a1")
         await issue(client, "agent:a2")
         await issue(client, "tenant:t1")
@@ -237,8 +307,10 @@ async def test_an_agent_sees_only_its_own_and_global_stops(tmp_path: Path) -> No
 # -- the watch stream --------------------------------------------------------------------------
 
 
-async def test_watch_replays_pushes_and_resumes_without_gaps_or_repeats(tmp_path: Path) -> None:
-    async with control(tmp_path, heartbeat_s=0.2) as (client, _):
+async def test_watch_replays_pushes_and_resumes_without_gaps_or_repeats(
+    tmp_path: Path, store: dict[str, Any]
+) -> None:
+    async with control(tmp_path, heartbeat_s=0.2, registry=store) as (client, _):
         first = await issue(client, "tool:a")
         await client.post(
             f"/v1/stops/{first['stop_id']}/clear", json={"reason": "ok"}, headers=auth("operator")
@@ -264,8 +336,33 @@ async def test_watch_replays_pushes_and_resumes_without_gaps_or_repeats(tmp_path
             assert (await events.next(within=2)) == {"comment": "heartbeat"}  # nothing repeated
 
 
-async def test_a_bad_revision_is_422(tmp_path: Path) -> None:
-    async with control(tmp_path) as (client, _):
+async def test_a_stop_written_through_one_replica_reaches_watchers_of_another(tmp_path: Path) -> None:
+    # A 30 s heartbeat: only LISTEN/NOTIFY can bring the change across in time.
+    with postgres_section() as section:
+        async with control(tmp_path, 30.0, section) as (a, _), control(tmp_path, 30.0, section) as (b, _):
+            async with b.stream("GET", "/v1/watch?since=0", headers=auth("gateway")) as resp:
+                events = Events(resp)
+                first = await issue(a, "tenant:t1")
+                event = await events.next_change(within=3)
+                assert json.loads(event["data"])["stop"]["stop_id"] == first["stop_id"]
+
+                # Replica B's listener loses its connection; a write during the gap still arrives.
+                channel = notify_channel(section["schema"])
+                with psycopg.connect(DEFAULT_URL, autocommit=True) as conn:
+                    killed = conn.execute(
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                        " WHERE query LIKE %s AND pid <> pg_backend_pid()",
+                        (f"LISTEN%{channel}%",),
+                    ).fetchone()
+                assert killed is not None and killed[0] == 2  # one listener per replica
+                second = await issue(a, "tool:t2")
+                event = await events.next_change(within=5)
+                assert json.loads(event["data"])["stop"]["stop_id"] == second["stop_id"]
+                assert event["id"] == "2"
+
+
+async def test_a_bad_revision_is_422(tmp_path: Path, store: dict[str, Any]) -> None:
+    async with control(tmp_path, registry=store) as (client, _):
         r = await client.get("/v1/watch?since=x", headers=auth("gateway"))
         assert r.status_code == 422
 
@@ -273,8 +370,8 @@ async def test_a_bad_revision_is_422(tmp_path: Path) -> None:
 # -- failures ----------------------------------------------------------------------------------
 
 
-async def test_a_failed_store_answers_503_not_a_traceback(tmp_path: Path) -> None:
-    async with control(tmp_path) as (client, stores):
+async def test_a_failed_store_answers_503_not_a_traceback(tmp_path: Path, store: dict[str, Any]) -> None:
+    async with control(tmp_path, registry=store) as (client, stores):
         await issue(client, "global")
         await stores.registry.aclose()
         for method, path, body in (
@@ -291,38 +388,6 @@ async def test_a_failed_store_answers_503_not_a_traceback(tmp_path: Path) -> Non
         assert r.status_code == 503
 
 
-# -- PostgreSQL ------------------------------------------------------------------------------
-
-
-async def test_postgres_smoke(tmp_path: Path) -> None:
-    schema = f"test_control_{uuid.uuid4().hex[:12]}"
-    try:
-        async with control(
-            tmp_path, registry={"backend": "postgres", "url": DEFAULT_URL, "schema": schema}
-        ) as (
-            client,
-            _,
-        ):
-            stop = await issue(client, "tenant:t1")
-            r = await client.post(
-                f"/v1/stops/{stop['stop_id']}/clear", json={"reason": "ok"}, headers=auth("operator")
-            )
-            assert r.status_code == 200
-            async with client.stream("GET", "/v1/watch?since=0", headers=auth("gateway")) as resp:
-                events = Events(resp)
-                assert [(await events.next_change())["event"] for _ in range(2)] == ["stop", "clear"]
-            verified = (await client.get("/v1/audit/verify", headers=auth("viewer"))).json()
-            assert verified == {"ok": True, "checked": 2, "first_bad_seq": None, "problem": None}
-    except RegistryUnavailable:
-        service_missing("PostgreSQL")
-    finally:
-        try:
-            with psycopg.connect(DEFAULT_URL, autocommit=True, connect_timeout=5) as conn:
-                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
-        except psycopg.OperationalError:
-            pass
-
-
 # -- the CLI ---------------------------------------------------------------------------------
 
 
@@ -335,9 +400,12 @@ async def cli(*argv: str) -> int:
 
 
 async def test_cli_stop_clear_stops_and_audit(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    store: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    async with control(tmp_path) as (client, _):
+    async with control(tmp_path, registry=store) as (client, _):
         url = str(client.base_url).rstrip("/")
         monkeypatch.setenv("HALTWIRE_CONTROL_URL", url)
         monkeypatch.setenv("HALTWIRE_TOKEN", TOKEN["operator"])

@@ -115,6 +115,8 @@ class Plane:
         caller = self.callers.get(token_sha256(token))
         if caller is None:
             raise _unauthenticated("unknown token")
+        if caller.expired(time.time()):
+            raise _unauthenticated("token expired")
         return caller
 
     async def authorize(self, request: Request, action: str, target: str = "", write: bool = False) -> Caller:
@@ -256,8 +258,8 @@ async def watch(request: Request) -> Response:
                     )
             changed = plane.changed  # taken before the read: a write after it wakes us
             if not changes:
-                # Woken by a local write, or after one heartbeat period in case another
-                # process (a second replica, a CLI on the same file) wrote the store.
+                # Woken by a write (ours, or another replica's via the registry's
+                # follow_writes), else re-read once a heartbeat period as a fallback.
                 with anyio.move_on_after(plane.heartbeat_s):
                     await changed.wait()
             try:
@@ -309,17 +311,25 @@ def create_app(config: ControlConfig, stores: Stores | None = None) -> Starlette
     plane = Plane(config)
 
     @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        if stores is not None:
-            plane.stores = stores
-            yield
-            return
-        async with open_stores(config.registry) as opened:
-            plane.stores = opened
+    async def following(opened: Stores) -> AsyncIterator[None]:
+        # The app owns this task: writes by other replicas wake our watchers until shutdown.
+        plane.stores = opened
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(opened.registry.follow_writes, plane.notify)
             try:
                 yield
             finally:
+                tg.cancel_scope.cancel()
                 plane.stores = None
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if stores is not None:
+            async with following(stores):
+                yield
+            return
+        async with open_stores(config.registry) as opened, following(opened):
+            yield
 
     app = Starlette(
         routes=routes,

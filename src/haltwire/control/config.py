@@ -8,6 +8,7 @@ with ``control.development = true``). A relative SQLite path is relative to the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,9 +44,13 @@ class IdentityEntry(TokenFields):
     role: Role
     #: For role ``agent``: the agent id whose stops it may read.
     agent: str | None = None
+    #: When the token stops being accepted (a TOML datetime with its UTC offset).
+    expires: datetime | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> IdentityEntry:
+        if self.expires is not None and self.expires.tzinfo is None:
+            raise ValueError("expires needs a UTC offset, e.g. 2027-01-31T00:00:00Z")
         if self.role == "agent" and not self.agent:
             raise ValueError("an identity with role 'agent' needs agent (its agent id)")
         if self.role != "agent" and self.agent is not None:
@@ -60,6 +65,11 @@ class Caller:
     name: str
     role: Role
     agent: str | None = None
+    #: Unix time after which the token is refused as expired.
+    expires_at: float | None = None
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
 
 
 class ControlConfig(ConfigModel):
@@ -84,7 +94,10 @@ class ControlConfig(ConfigModel):
 
     def callers(self) -> dict[str, Caller]:
         """Token SHA-256 to caller."""
-        return {i.digest: Caller(i.name, i.role, i.agent) for i in self.identities}
+        return {
+            i.digest: Caller(i.name, i.role, i.agent, i.expires.timestamp() if i.expires else None)
+            for i in self.identities
+        }
 
 
 def parse_control_config(data: dict[str, Any], source: str = "<config>") -> ControlConfig:

@@ -10,6 +10,7 @@ prefixes failures ("registry store failed: ...").
 from __future__ import annotations
 
 import contextlib
+import logging
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -23,6 +24,9 @@ from psycopg import sql
 from haltwire.store.registry import RegistryUnavailable
 
 T = TypeVar("T")
+log = logging.getLogger("haltwire.store")
+_LISTEN_RETRY_MIN_S = 0.2
+_LISTEN_RETRY_MAX_S = 5.0
 PgConn = psycopg.AsyncConnection[tuple[Any, ...]]
 
 
@@ -152,6 +156,33 @@ class PostgresConnection:
     async def fetchall(self, query: sql.Composed, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
         async with self.connection() as conn:
             return await (await conn.execute(query, params)).fetchall()
+
+    async def listen(self, channel: str, on_notify: Callable[[], None]) -> None:
+        """Call ``on_notify`` for every NOTIFY on ``channel``, for as long as the caller's task runs.
+
+        A separate connection (LISTEN holds it). After it breaks, it reconnects with a backoff
+        and calls ``on_notify`` once listening again, since a NOTIFY sent while no one
+        listened is lost. It ends when cancelled (by its owner's task group) or once closed.
+        """
+        delay = _LISTEN_RETRY_MIN_S
+        while not self._closed:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self._url,
+                    autocommit=True,
+                    connect_timeout=max(1, round(self._timeout)),
+                    application_name=f"{self._application_name}-listen",
+                )
+                async with conn:
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                    delay = _LISTEN_RETRY_MIN_S
+                    on_notify()
+                    async for _ in conn.notifies():
+                        on_notify()
+            except (psycopg.Error, OSError) as exc:
+                log.warning("%s: LISTEN %s failed (%s); retrying in %.1f s", self._what, channel, exc, delay)
+            await anyio.sleep(delay)
+            delay = min(delay * 2, _LISTEN_RETRY_MAX_S)
 
     async def _discard(self) -> None:
         conn, self._conn = self._conn, None

@@ -10,7 +10,7 @@ A new backend is one module implementing ``Registry``; the shared row helpers li
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
@@ -90,6 +90,14 @@ class Registry(Protocol):
 
     async def revision(self) -> int:
         """The latest revision; 0 when nothing was ever recorded."""
+        ...
+
+    async def follow_writes(self, on_change: Callable[[], None]) -> None:
+        """Call ``on_change`` whenever another process may have written; runs until cancelled.
+
+        The control plane wakes its watchers on its own writes; this covers the writes of
+        other replicas sharing the store.
+        """
         ...
 
     async def aclose(self) -> None: ...

@@ -9,6 +9,7 @@ broken connection is replaced on next use.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from psycopg import sql
@@ -60,14 +61,17 @@ FROM {{t}} AS c JOIN {{t}} AS s ON s.stop_id = c.stop_id AND s.kind = 'stop'
 WHERE c.revision > %s ORDER BY c.revision LIMIT %s
 """
 _LATEST = "SELECT COALESCE(MAX(revision), 0) FROM {t}"
+# Delivered to every LISTENing replica when the writing transaction commits.
+_NOTIFY = "SELECT pg_notify({channel}, %s)"
 
 
 class PostgresRegistry:
     """Open with ``await PostgresRegistry.open(url, schema=...)``; the schema is created if missing."""
 
-    def __init__(self, db: PostgresConnection, queries: dict[str, sql.Composed]) -> None:
+    def __init__(self, db: PostgresConnection, queries: dict[str, sql.Composed], channel: str) -> None:
         self._db = db
         self._q = queries
+        self._channel = channel
 
     @classmethod
     async def open(
@@ -79,6 +83,7 @@ class PostgresRegistry:
         application_name: str = "haltwire-registry",
     ) -> PostgresRegistry:
         table = sql.Identifier(schema, "changes")
+        channel = notify_channel(schema)
         queries = table_queries(
             table,
             f"haltwire.registry:{schema}",
@@ -91,6 +96,7 @@ class PostgresRegistry:
                 "latest": _LATEST,
             },
         )
+        queries["notify"] = sql.SQL(_NOTIFY).format(channel=sql.Literal(channel))
         db = await PostgresConnection.open(
             url,
             schema,
@@ -101,7 +107,7 @@ class PostgresRegistry:
             what="registry",
             store="registry",
         )
-        return cls(db, queries)
+        return cls(db, queries, channel)
 
     async def _append(self, conn: Conn, fields: tuple[object, ...]) -> int:
         """Append one change with the next revision, inside the caller's locked transaction."""
@@ -109,6 +115,7 @@ class PostgresRegistry:
         (latest,) = _one(await cur.fetchone())
         revision = int(latest) + 1
         await conn.execute(self._q["insert"], (revision, *fields))
+        await conn.execute(self._q["notify"], (str(revision),))
         return revision
 
     async def issue_stop(
@@ -150,8 +157,16 @@ class PostgresRegistry:
         (latest,) = _one(next(iter(await self._fetch("latest")), None))
         return int(latest)
 
+    async def follow_writes(self, on_change: Callable[[], None]) -> None:
+        await self._db.listen(self._channel, on_change)
+
     async def aclose(self) -> None:
         await self._db.aclose()
+
+
+def notify_channel(schema: str) -> str:
+    """The NOTIFY channel of the registry in ``schema`` (identifiers stop at 63 bytes)."""
+    return f"haltwire_registry_{schema}"[:63]
 
 
 def _one(row: tuple[Any, ...] | None) -> tuple[Any, ...]:

@@ -8,7 +8,10 @@ one connection, one lock, so writes are serialized and revisions follow commit o
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
+
+import anyio
 
 from haltwire.store.registry import (
     COLUMNS,
@@ -115,6 +118,11 @@ class SqliteRegistry:
     async def revision(self) -> int:
         (latest,) = await self._db.run(lambda conn: conn.execute(_LATEST).fetchone())
         return int(latest)
+
+    async def follow_writes(self, on_change: Callable[[], None]) -> None:
+        # One control plane per file: every write is its own and wakes the watchers directly.
+        # Anything else writing the file is picked up by the watch's heartbeat-period re-read.
+        await anyio.sleep_forever()
 
     async def aclose(self) -> None:
         await self._db.aclose()
