@@ -16,6 +16,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from haltwire.identity import Identity, RefuseAt, TokenTable, token_sha256
+from haltwire.tokens import LeaseKeys
 
 
 class ConfigError(Exception):
@@ -154,6 +155,59 @@ class ControlLink(ConfigModel):
         if not value:
             raise ConfigError(f"control.token_env: the environment variable {self.token_env} is not set")
         return value
+
+
+class LeaseKeyConfig(ConfigModel):
+    """One lease-token key (``[[leases.keys]]``): its id and its secret, from the environment.
+
+    ``secret`` in plain text is for development configs only (the config's ``development``).
+    """
+
+    kid: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    secret: str | None = None
+    secret_env: str | None = None
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> LeaseKeyConfig:
+        if (self.secret is None) == (self.secret_env is None):
+            raise ValueError("give exactly one of secret or secret_env")
+        return self
+
+    def resolve(self) -> bytes:
+        if self.secret is not None:
+            return self.secret.encode()
+        assert self.secret_env is not None
+        value = os.environ.get(self.secret_env)
+        if not value:
+            raise ConfigError(f"leases.keys: the environment variable {self.secret_env} is not set")
+        return value.encode()
+
+
+class LeaseKeysSection(ConfigModel):
+    """``[leases]``: the keys lease tokens are verified with, and (control plane) signed with."""
+
+    #: The key id new tokens are signed with (control plane only; a gateway only verifies).
+    signing_key: str | None = None
+    keys: list[LeaseKeyConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LeaseKeysSection:
+        kids = [k.kid for k in self.keys]
+        if len(set(kids)) != len(kids):
+            raise ValueError("keys: key ids must be unique")
+        if self.signing_key is not None and self.signing_key not in kids:
+            raise ValueError(f"signing_key {self.signing_key!r} is not among the keys")
+        return self
+
+    def plain_secrets(self) -> bool:
+        return any(k.secret is not None for k in self.keys)
+
+    def lease_keys(self) -> LeaseKeys:
+        """The key set; raises ``ConfigError`` when a secret is missing or too short."""
+        try:
+            return LeaseKeys({k.kid: k.resolve() for k in self.keys}, signing=self.signing_key)
+        except ValueError as exc:
+            raise ConfigError(f"leases.keys: {exc}") from None
 
 
 class GatewayConfig(ConfigModel):

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from haltwire.config import ConfigModel, TokenFields, read_toml, validate_config
+from haltwire.config import ConfigModel, LeaseKeysSection, TokenFields, read_toml, validate_config
 from haltwire.identity import token_sha256
 
 Role = Literal["operator", "tripwire", "gateway", "executor", "agent", "viewer"]
@@ -39,11 +39,39 @@ class RegistrySection(ConfigModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
+class AgentClass(ConfigModel):
+    """Lease timing for one class of agent (``[agent_classes.NAME]``).
+
+    Checked like Kubernetes leader election: ``ttl_s`` > ``renew_timeout_s`` >
+    1.2 x ``renew_every_s``. The runtime renews every ``renew_every_s``; if it has not
+    renewed within ``renew_timeout_s`` of its last grant it gives up (the run stops) before
+    the gateway's own ``ttl_s`` bound does it.
+    """
+
+    ttl_s: float = Field(default=15.0, gt=0)
+    renew_every_s: float = Field(default=5.0, gt=0)
+    renew_timeout_s: float = Field(default=10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AgentClass:
+        if not self.ttl_s > self.renew_timeout_s:
+            raise ValueError(f"ttl_s ({self.ttl_s:g}) must exceed renew_timeout_s ({self.renew_timeout_s:g})")
+        if not self.renew_timeout_s > 1.2 * self.renew_every_s:
+            raise ValueError(
+                f"renew_timeout_s ({self.renew_timeout_s:g}) must exceed 1.2 x renew_every_s "
+                f"({1.2 * self.renew_every_s:g})"
+            )
+        return self
+
+
 class IdentityEntry(TokenFields):
     name: str = Field(min_length=1)
     role: Role
-    #: For role ``agent``: the agent id whose stops it may read.
+    #: For role ``agent``: the agent id whose stops it may read and whose runs it registers.
     agent: str | None = None
+    #: For role ``agent``: the tenant and agent version its runs carry (as in the gateway).
+    tenant: str = "default"
+    version: str = "0"
     #: When the token stops being accepted (a TOML datetime with its UTC offset).
     expires: datetime | None = None
 
@@ -65,6 +93,8 @@ class Caller:
     name: str
     role: Role
     agent: str | None = None
+    tenant: str = "default"
+    version: str = "0"
     #: Unix time after which the token is refused as expired.
     expires_at: float | None = None
 
@@ -75,6 +105,10 @@ class Caller:
 class ControlConfig(ConfigModel):
     control: ControlSection = Field(default_factory=ControlSection)
     registry: RegistrySection = Field(default_factory=RegistrySection)
+    #: Lease-token keys; without them the control plane grants no leases.
+    leases: LeaseKeysSection | None = None
+    #: Lease timing per agent class; a ``default`` class is always there.
+    agent_classes: dict[str, AgentClass] = Field(default_factory=lambda: {"default": AgentClass()})
     identities: list[IdentityEntry] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -87,6 +121,15 @@ class ControlConfig(ConfigModel):
             raise ValueError(
                 "identities: plain 'token' is accepted only with control.development = true; use token_sha256"
             )
+        if self.leases is not None:
+            if self.leases.signing_key is None:
+                raise ValueError("leases.signing_key: the control plane signs lease tokens; name the key")
+            if self.leases.plain_secrets() and not self.control.development:
+                raise ValueError(
+                    "leases.keys: plain 'secret' is accepted only with control.development = true; use secret_env"
+                )
+        if "default" not in self.agent_classes:
+            raise ValueError("agent_classes: a 'default' class is needed")
         hashes = [i.token_sha256 or token_sha256(i.token or "") for i in self.identities]
         if len(set(hashes)) != len(hashes):
             raise ValueError("identities: two identities share one token")
@@ -95,7 +138,9 @@ class ControlConfig(ConfigModel):
     def callers(self) -> dict[str, Caller]:
         """Token SHA-256 to caller."""
         return {
-            i.digest: Caller(i.name, i.role, i.agent, i.expires.timestamp() if i.expires else None)
+            i.digest: Caller(
+                i.name, i.role, i.agent, i.tenant, i.version, i.expires.timestamp() if i.expires else None
+            )
             for i in self.identities
         }
 
