@@ -26,8 +26,9 @@ from haltwire.config import ControlLink
 from haltwire.gateway.upstream_http import describe
 from haltwire.identity import Identity
 from haltwire.refusal import Refusal
-from haltwire.scope import Scope, ScopeIndex, call_scopes
-from haltwire.store.registry import StopRecord
+from haltwire.scope import call_scopes
+from haltwire.stopset import StopSet
+from haltwire.store.registry import ChangeKind, StopRecord
 
 log = logging.getLogger("haltwire.stops")
 
@@ -53,8 +54,7 @@ class StopWatch:
         self._token = link.resolve_token()
         self._monotonic = monotonic
         self._clock = clock
-        self.index: ScopeIndex[dict[str, StopRecord]] = ScopeIndex()
-        self.revision = 0
+        self.stops = StopSet()
         self.last_heard: float | None = None
         #: True once the stops issued before start-up are applied (``run`` reported started).
         self.ready = False
@@ -66,33 +66,25 @@ class StopWatch:
         heard = self.last_heard
         if heard is None or self._monotonic() - heard > self.link.staleness_s:
             return refusal.registry_unreachable(self.link.staleness_s)
-        if not len(self.index):
+        if not len(self.stops):
             return None
-        scopes = call_scopes(identity, tool, run)
-        now = self._clock()
-        while (hit := self.index.match(scopes)) is not None:
-            scope, stops = hit
-            for stop in stops.values():
-                if stop.active_at(now):
-                    return refusal.stopped(str(scope), stop.stop_id, stop.reason)
-            # Every stop on this scope has expired: forget them and look at the next scope.
-            self.index.remove(scope)
-        return None
+        hit = self.stops.match(call_scopes(identity, tool, run), self._clock())
+        if hit is None:
+            return None
+        scope, stop = hit
+        return refusal.stopped(str(scope), stop.stop_id, stop.reason)
+
+    @property
+    def revision(self) -> int:
+        return self.stops.revision
 
     # -- applying the stream ---------------------------------------------------------------
 
     def apply(self, kind: str, data: dict[str, Any]) -> None:
+        """Apply one ``stop``/``clear`` event's data (a change as the control plane sends it)."""
         record = StopRecord(**{k: v for k, v in data["stop"].items() if k in _FIELDS})
-        scope = Scope.parse(record.scope)
-        hit = self.index.match(frozenset({scope}))
-        stops = hit[1] if hit is not None else {}
-        if kind == "stop" and not record.cleared:
-            stops[record.stop_id] = record
-            self.index.add(scope, stops)
-        else:
-            stops.pop(record.stop_id, None)
-            if not stops:
-                self.index.remove(scope)
+        change: ChangeKind = "stop" if kind == "stop" else "clear"
+        self.stops.apply(change, record, int(data["revision"]))
 
     def _heard(self) -> None:
         self.last_heard = self._monotonic()
@@ -135,9 +127,7 @@ class StopWatch:
                 if kind == "error":
                     raise ControlUnreachable(f"the control plane reported: {data}")
                 if kind in ("stop", "clear"):
-                    change = json.loads(data)
-                    self.apply(kind, change)
-                    self.revision = int(change["revision"])
+                    self.apply(kind, json.loads(data))
                 task_status = self._report_if_caught_up(target, task_status)
         raise ControlUnreachable("the watch stream ended")
 
