@@ -99,6 +99,7 @@ async def test_clear_records_who_and_why(registry: Registry) -> None:
     with pytest.raises(UnknownStop):
         await registry.clear_stop("stp_ffffffffffffffff", "bob", "no such stop", now=NOW)
     assert await registry.revision() == 3
+    assert await registry.all_stops() == [cleared, other]
 
 
 async def test_expiry_is_judged_at_now(registry: Registry) -> None:

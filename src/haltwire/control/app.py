@@ -201,12 +201,7 @@ async def list_stops(request: Request) -> Response:
     caller = await plane.authorize(request, "stops.read")
     registry = plane.open.registry
     if request.query_params.get("all") in ("1", "true", "yes"):
-        by_id: dict[str, StopRecord] = {}
-        revision = 0
-        while changes := await registry.changes_since(revision):
-            by_id.update((c.stop.stop_id, c.stop) for c in changes)
-            revision = changes[-1].revision
-        stops = list(by_id.values())
+        stops = await registry.all_stops()
     else:
         stops = await registry.active_stops(now=time.time())
     return JSONResponse({"stops": [stop_json(s) for s in stops if visible_to(caller, s.scope)]})

@@ -84,6 +84,10 @@ class Registry(Protocol):
 
     async def get_stop(self, stop_id: str) -> StopRecord | None: ...
 
+    async def all_stops(self) -> list[StopRecord]:
+        """Every stop ever issued, cleared or not, oldest first."""
+        ...
+
     async def changes_since(self, revision: int, *, limit: int = 1000) -> list[Change]:
         """Changes with a revision strictly greater than ``revision``, ascending."""
         ...
@@ -161,6 +165,14 @@ def fold(rows: Sequence[Row]) -> StopRecord | None:
     for row in rows:
         stop = issued(row) if row[1] == "stop" else with_clear(_must(stop, row), row)
     return stop
+
+
+def fold_all(rows: Sequence[Row]) -> list[StopRecord]:
+    """Every stop's state from the whole history in revision order, oldest stop first."""
+    by_stop: dict[str, list[Row]] = {}
+    for row in rows:
+        by_stop.setdefault(str(row[2]), []).append(row)
+    return [stop for changes in by_stop.values() if (stop := fold(changes)) is not None]
 
 
 def clearable(rows: Sequence[Row], stop_id: str) -> StopRecord:

@@ -24,6 +24,7 @@ from haltwire.store.registry import (
     checked_issue,
     clearable,
     fold,
+    fold_all,
     issued,
     new_stop_id,
 )
@@ -61,6 +62,7 @@ FROM {{t}} AS c JOIN {{t}} AS s ON s.stop_id = c.stop_id AND s.kind = 'stop'
 WHERE c.revision > %s ORDER BY c.revision LIMIT %s
 """
 _LATEST = "SELECT COALESCE(MAX(revision), 0) FROM {t}"
+_ALL = f"SELECT {_COLS} FROM {{t}} ORDER BY revision"
 # Delivered to every LISTENing replica when the writing transaction commits.
 _NOTIFY = "SELECT pg_notify({channel}, %s)"
 
@@ -94,6 +96,7 @@ class PostgresRegistry:
                 "active": _ACTIVE,
                 "since": _SINCE,
                 "latest": _LATEST,
+                "all": _ALL,
             },
         )
         queries["notify"] = sql.SQL(_NOTIFY).format(channel=sql.Literal(channel))
@@ -148,6 +151,9 @@ class PostgresRegistry:
 
     async def get_stop(self, stop_id: str) -> StopRecord | None:
         return fold(await self._fetch("by_stop", (stop_id,)))
+
+    async def all_stops(self) -> list[StopRecord]:
+        return fold_all(await self._fetch("all"))
 
     async def changes_since(self, revision: int, *, limit: int = 1000) -> list[Change]:
         n = len(COLUMNS)

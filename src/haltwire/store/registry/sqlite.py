@@ -22,6 +22,7 @@ from haltwire.store.registry import (
     checked_issue,
     clearable,
     fold,
+    fold_all,
     issued,
     new_stop_id,
 )
@@ -55,6 +56,7 @@ FROM changes AS c JOIN changes AS s ON s.stop_id = c.stop_id AND s.kind = 'stop'
 WHERE c.revision > ? ORDER BY c.revision LIMIT ?
 """
 _LATEST = "SELECT COALESCE(MAX(revision), 0) FROM changes"
+_ALL = f"SELECT {_COLS} FROM changes ORDER BY revision"
 
 
 class SqliteRegistry:
@@ -109,6 +111,9 @@ class SqliteRegistry:
     async def get_stop(self, stop_id: str) -> StopRecord | None:
         rows = await self._db.run(lambda conn: conn.execute(_BY_STOP, (stop_id,)).fetchall())
         return fold(rows)
+
+    async def all_stops(self) -> list[StopRecord]:
+        return fold_all(await self._db.run(lambda conn: conn.execute(_ALL).fetchall()))
 
     async def changes_since(self, revision: int, *, limit: int = 1000) -> list[Change]:
         rows = await self._db.run(lambda conn: conn.execute(_SINCE, (revision, limit)).fetchall())
