@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from haltwire.control.config import Caller, ControlConfig
+from haltwire.control.openapi import openapi_json
 from haltwire.control.stores import Stores, open_stores
 from haltwire.identity import bearer_token, token_sha256
 from haltwire.refusal import unauthenticated
@@ -61,7 +62,7 @@ class _Body(BaseModel):
 class IssueBody(_Body):
     scope: str
     reason: str = Field(min_length=1)
-    expires_at: float | None = None
+    expires_at: float | None = Field(default=None, allow_inf_nan=False)  # inf made every stops list a 500
 
 
 class ClearBody(_Body):
@@ -227,6 +228,8 @@ def _revision(text: str | None, name: str) -> int:
         raise Refused(422, "invalid_request", f"{name} must be a revision number, not {text!r}") from None
     if value < 0:
         raise Refused(422, "invalid_request", f"{name} must not be negative")
+    if value >= 2**63:  # past any store's revision column (64-bit): it made SQLite raise, a 500
+        raise Refused(422, "invalid_request", f"{name} must be below 2**63")
     return value
 
 
@@ -298,6 +301,7 @@ routes = [
     Route("/v1/audit", list_audit),
     Route("/v1/audit/verify", verify_audit),
     Route("/v1/watch", watch),
+    Route("/openapi.json", openapi_json, methods=["GET"]),
 ]
 
 

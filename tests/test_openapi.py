@@ -1,0 +1,243 @@
+"""The control plane's OpenAPI document against the app that serves it.
+
+The document must list exactly the routes the app serves, real responses must match it, and
+schemathesis (its CLI, as a subprocess, against a real server on loopback) must find no 5xx,
+no undocumented status code or content type and no response outside its schema.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import jsonschema_rs
+import pytest
+from starlette.routing import Route
+
+from haltwire.control.app import routes
+from haltwire.control.openapi import document
+from test_control import TOKEN, Events, auth, control, issue
+
+pytestmark = pytest.mark.anyio
+
+#: The schemathesis 4 checks the run applies (the CLI names them so).
+CHECKS = "not_a_server_error,response_schema_conformance,status_code_conformance,content_type_conformance"
+
+# A 200 from /v1/watch never ends: schemathesis reads an event stream until it has
+# max-stream-events events or the request timeout passes. A `since` at or past the newest
+# revision sends no event, so each such case costs one timeout: the watch gets the coverage
+# phase (boundary values, bad values, missing parts) but no random fuzzing.
+CONFIG = """
+[[operations]]
+include-path = "/v1/watch"
+request-timeout = 2.0
+max-stream-events = 1
+phases.fuzzing.enabled = false
+
+[phases.stateful]
+max-steps = 4
+generation.max-examples = 10
+"""
+
+
+def served() -> set[tuple[str, str]]:
+    """(path, method) for every route; HEAD only where Starlette did not add it for a GET."""
+    pairs = set()
+    for route in routes:
+        assert isinstance(route, Route)
+        methods = set(route.methods or ())
+        if "GET" in methods:
+            methods.discard("HEAD")
+        pairs |= {(route.path, m.lower()) for m in methods}
+    return pairs
+
+
+def test_the_document_lists_exactly_the_routes_the_app_serves() -> None:
+    doc = document()
+    documented = {(path, method) for path, item in doc["paths"].items() for method in item}
+    assert served() - documented == set(), "served but not in haltwire/control/openapi.py"
+    assert documented - served() == set(), "documented but not served"
+    # And each operation is named after the handler that serves it.
+    handlers = {
+        (r.path, m.lower()): r.endpoint.__name__
+        for r in routes
+        if isinstance(r, Route)
+        for m in r.methods or ()
+    }
+    for path, item in doc["paths"].items():
+        for method, operation in item.items():
+            assert operation["operationId"] == handlers[path, method]
+    for schema in doc["components"]["schemas"].values():
+        jsonschema_rs.meta.validate(schema)
+
+
+def conforms(response: httpx2.Response, method: str, path: str) -> Any:
+    """Assert ``response`` is documented for this operation and matches its schema; its body."""
+    doc = document()
+    documented = doc["paths"][path][method]["responses"]
+    assert str(response.status_code) in documented, (method, path, response.status_code, response.text)
+    content = documented[str(response.status_code)]["content"]
+    media_type = response.headers["content-type"].split(";")[0]
+    assert media_type in content, (method, path, media_type)
+    if media_type != "application/json":
+        return None
+    body = response.json()
+    validate(content[media_type]["schema"], body)
+    return body
+
+
+def validate(schema: dict[str, Any], instance: Any) -> None:
+    # The component refs resolve against a root that carries the components.
+    root = {**schema, "components": document()["components"]}
+    jsonschema_rs.Draft202012Validator(root).validate(instance)
+
+
+async def test_real_responses_match_the_document(tmp_path: Path) -> None:
+    async with control(tmp_path) as (client, _):
+        r = await client.get("/openapi.json")  # no token needed
+        assert r.status_code == 200 and r.json() == json.loads(json.dumps(document()))
+
+        assert conforms(await client.get("/healthz"), "get", "/healthz")["ok"] is True
+        r = await client.post(
+            "/v1/stops", json={"scope": "tool:x", "reason": "runaway"}, headers=auth("operator")
+        )
+        stop = conforms(r, "post", "/v1/stops")
+        assert r.status_code == 201 and stop["cleared"] is False
+        await issue(client, "agent:a1")
+        listed = conforms(await client.get("/v1/stops", headers=auth("agent")), "get", "/v1/stops")
+        assert [s["scope"] for s in listed["stops"]] == ["agent:a1"]
+
+        clear = f"/v1/stops/{stop['stop_id']}/clear"
+        template = "/v1/stops/{stop_id}/clear"
+        r = await client.post(clear, json={"reason": "fixed"}, headers=auth("operator"))
+        assert r.status_code == 200 and conforms(r, "post", template)["cleared"] is True
+        r = await client.post(clear, json={"reason": "again"}, headers=auth("operator"))
+        assert r.status_code == 409 and conforms(r, "post", template)["error"]["code"] == "already_cleared"
+        r = await client.post("/v1/stops/stp_nope/clear", json={"reason": "x"}, headers=auth("operator"))
+        assert r.status_code == 404 and conforms(r, "post", template)["error"]["code"] == "unknown_stop"
+        r = await client.post(clear, json={"reason": ""}, headers=auth("operator"))
+        assert r.status_code == 422 and conforms(r, "post", template)["error"]["code"] == "invalid_request"
+
+        everything = conforms(await client.get("/v1/stops?all=1", headers=auth("viewer")), "get", "/v1/stops")
+        assert {s["cleared"] for s in everything["stops"]} == {True, False}
+        for body in (
+            {"scope": "nowhere", "reason": "r"},
+            {"scope": "tool:x"},
+            {"scope": "tool:x", "reason": "r", "x": 1},
+        ):
+            r = await client.post("/v1/stops", json=body, headers=auth("operator"))
+            assert r.status_code == 422 and conforms(r, "post", "/v1/stops")["error"]["retryable"] is False
+        # Found with this document: an infinite expiry was stored, then every stops list was a 500.
+        for expiry in (b"1e400", b"-Infinity", b"NaN"):
+            raw = b'{"scope": "tool:x", "reason": "r", "expires_at": %s}' % expiry
+            r = await client.post("/v1/stops", content=raw, headers=auth("operator"))
+            assert (
+                r.status_code == 422
+                and conforms(r, "post", "/v1/stops")["error"]["code"] == "invalid_request"
+            )
+        assert (await client.get("/v1/stops", headers=auth("operator"))).status_code == 200
+        r = await client.post("/v1/stops", json={"scope": "tool:x", "reason": "r"}, headers=auth("viewer"))
+        assert r.status_code == 403 and conforms(r, "post", "/v1/stops")["error"]["needed_roles"]
+        r = await client.get("/v1/stops", headers={"Authorization": "Bearer nope"})
+        assert r.status_code == 401 and conforms(r, "get", "/v1/stops")["error"]["code"] == "unauthenticated"
+
+        records = conforms(await client.get("/v1/audit", headers=auth("viewer")), "get", "/v1/audit")[
+            "records"
+        ]
+        assert {r["outcome"] for r in records} == {"ok", "refused"}
+        r = await client.get("/v1/audit", params={"target": stop["stop_id"]}, headers=auth("operator"))
+        assert {rec["target"] for rec in conforms(r, "get", "/v1/audit")["records"]} == {stop["stop_id"]}
+        r = await client.get("/v1/audit/verify", headers=auth("operator"))
+        assert conforms(r, "get", "/v1/audit/verify") == {
+            "ok": True,
+            "checked": len(records),  # reads are not audited
+            "first_bad_seq": None,
+            "problem": None,
+        }
+
+
+async def test_watch_responses_match_the_document(tmp_path: Path) -> None:
+    async with control(tmp_path) as (client, _):
+        stop = await issue(client, "tool:x")
+        for headers, params, status in (
+            ({}, {}, 401),
+            (auth("tripwire"), {}, 403),
+            (auth("operator"), {"since": "-1"}, 422),
+            (auth("operator"), {"since": "soon"}, 422),
+            (auth("operator"), {"since": str(2**63)}, 422),  # was a 500: SQLite's integers are 64-bit
+            ({**auth("operator"), "Last-Event-ID": "x"}, {}, 422),
+        ):
+            async with client.stream("GET", "/v1/watch", headers=headers, params=params) as r:
+                await r.aread()
+                assert r.status_code == status
+                conforms(r, "get", "/v1/watch")
+        async with client.stream("GET", "/v1/watch", headers=auth("operator")) as r:
+            assert r.status_code == 200
+            conforms(r, "get", "/v1/watch")
+            event = await Events(r).next_change()
+        schema = document()["paths"]["/v1/watch"]["get"]["responses"]["200"]["content"]["text/event-stream"]
+        validate(schema["schema"], event)
+        # jsonschema treats contentSchema as an annotation only: check the data by hand.
+        change = json.loads(event["data"])
+        validate({"$ref": "#/components/schemas/Change"}, change)
+        assert change["stop"]["stop_id"] == stop["stop_id"] and event["id"] == str(change["revision"])
+
+
+async def schemathesis(tmp_path: Path, base_url: str, role: str, *args: str) -> tuple[int, str]:
+    """Run the schemathesis CLI against a live control plane: its exit code and output."""
+    config = tmp_path / "schemathesis.toml"
+    config.write_text(CONFIG)
+    command = [
+        *(sys.executable, "-m", "schemathesis.cli", "--config-file", str(config), "--no-color", "run"),
+        *("--url", base_url, "--header", f"Authorization: Bearer {TOKEN[role]}", "--checks", CHECKS),
+        *("--request-timeout", "10", "--generation-database", "none", *args),
+    ]
+    done = await anyio.run_process(command, cwd=tmp_path, check=False, stderr=subprocess.STDOUT)
+    return done.returncode, done.stdout.decode(errors="replace")
+
+
+async def seeded(client: httpx2.AsyncClient) -> str:
+    """Stops to list, watch and clear; the base URL."""
+    for scope in ("tool:x", "agent:a1", "global"):
+        await issue(client, scope)
+    return str(client.base_url).rstrip("/")
+
+
+@pytest.mark.parametrize(
+    ("role", "args"),
+    [
+        # Every phase, the stateful one issuing stops and clearing them through the link.
+        ("operator", ("--max-examples", "15")),
+        # A role refused clear, audit and watch: the 403 answers against the document.
+        ("tripwire", ("--max-examples", "10", "--phases", "coverage,fuzzing")),
+    ],
+)
+async def test_schemathesis_finds_no_failure(tmp_path: Path, role: str, args: tuple[str, ...]) -> None:
+    async with control(tmp_path) as (client, _):
+        url = await seeded(client)
+        code, output = await schemathesis(tmp_path, url, role, f"{url}/openapi.json", *args)
+    assert code == 0, output
+    selected = re.search(r"Selected: (\d+)/(\d+)\s+Tested: (\d+)", output)
+    assert selected is not None and len(set(selected.groups())) == 1, output  # every operation ran
+    generated = re.search(r"(\d+) generated, (\d+) passed", output)
+    assert generated is not None and generated[1] == generated[2] and int(generated[1]) > 50, output
+
+
+async def test_schemathesis_fails_on_a_response_outside_the_document(tmp_path: Path) -> None:
+    """The run above can fail: here the document says /healthz's revision is a string."""
+    broken = json.loads(json.dumps(document()))
+    broken["components"]["schemas"]["Health"]["properties"]["revision"] = {"type": "string"}
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(broken))
+    async with control(tmp_path) as (client, _):
+        url = await seeded(client)
+        args = ("--include-path", "/healthz", "--phases", "fuzzing", "--max-examples", "3")
+        code, output = await schemathesis(tmp_path, url, "operator", str(path), *args)
+    assert code != 0, output
+    assert "Response violates schema" in output and "/healthz" in output, output
