@@ -318,8 +318,10 @@ async def test_watch_replays_pushes_and_resumes_without_gaps_or_repeats(
         async with client.stream("GET", "/v1/watch?since=0", headers=auth("gateway")) as resp:
             assert resp.headers["content-type"].startswith("text/event-stream")
             events = Events(resp)
-            got = [await events.next_change() for _ in range(2)]
+            got = [await events.next() for _ in range(2)]
             assert [(e["id"], e["event"]) for e in got] == [("1", "stop"), ("2", "clear")]
+            # The replay is complete: the comment that lets a watcher count itself current.
+            assert (await events.next(within=2)) == {"comment": "caught-up"}
             pushed = await issue(client, "tool:b")
             event = await events.next_change()
             assert (event["id"], event["event"]) == ("3", "stop")
@@ -333,6 +335,7 @@ async def test_watch_replays_pushes_and_resumes_without_gaps_or_repeats(
             got = [await events.next_change() for _ in range(2)]
             assert [e["id"] for e in got] == ["4", "5"]
             assert [json.loads(e["data"])["stop"]["stop_id"] for e in got] == [m["stop_id"] for m in missed]
+            assert (await events.next(within=2)) == {"comment": "caught-up"}
             assert (await events.next(within=2)) == {"comment": "heartbeat"}  # nothing repeated
 
 

@@ -246,7 +246,7 @@ async def watch(request: Request) -> Response:
     first = await registry.changes_since(since)  # a failing store answers 503 before streaming
 
     async def events() -> AsyncIterator[ServerSentEvent]:
-        changes, last = first, since
+        changes, last, replayed = first, since, False
         while True:
             for c in changes:
                 last = c.revision
@@ -255,6 +255,10 @@ async def watch(request: Request) -> Response:
                         json.dumps(change_json(c), separators=(",", ":")), event=c.kind, id=str(c.revision)
                     )
             changed = plane.changed  # taken before the read: a write after it wakes us
+            if not changes and not replayed:
+                # Every missed change is sent: only from here may a watcher count itself current.
+                replayed = True
+                yield ServerSentEvent(comment="caught-up", sep="\n")
             if not changes:
                 # Woken by a write (ours, or another replica's via the registry's
                 # follow_writes), else re-read once a heartbeat period as a fallback.

@@ -3,8 +3,9 @@
 ``StopWatch.run`` owns one streaming connection for the gateway's lifetime. It replays
 the registry's history at start-up (the gateway reports started only once it holds the
 current stops), then applies each ``stop``/``clear`` event as it arrives, resuming with
-``Last-Event-ID`` after any failure so a reconnect misses and repeats nothing. Every event
-and heartbeat refreshes ``last_heard``; a gateway that has heard nothing for
+``Last-Event-ID`` after any failure so a reconnect misses and repeats nothing. Once a
+connection has replayed what was missed (the control plane's ``caught-up`` comment), every
+event and heartbeat refreshes ``last_heard``; a gateway that has heard nothing for
 ``staleness_s`` fails closed (``registry_unreachable``) until it hears again.
 """
 
@@ -34,6 +35,8 @@ log = logging.getLogger("haltwire.stops")
 
 _FIELDS: Final = frozenset(f.name for f in fields(StopRecord))
 RECONNECT_MIN_S = 0.2
+#: The comment the control plane sends once a watch has replayed every missed change.
+CAUGHT_UP: Final = "caught-up"
 RECONNECT_MAX_S = 5.0
 
 
@@ -89,32 +92,28 @@ class StopWatch:
     def _heard(self) -> None:
         self.last_heard = self._monotonic()
 
-    def _report_if_caught_up(
-        self, target: int, task_status: anyio.abc.TaskStatus[None]
-    ) -> anyio.abc.TaskStatus[None]:
-        if self.revision >= target and task_status is not anyio.TASK_STATUS_IGNORED:
-            self.ready = True
-            task_status.started()
-            return anyio.TASK_STATUS_IGNORED
-        return task_status
-
-    async def _caught_up_at(self, http: httpx2.AsyncClient) -> int:
-        r = await http.get(f"{self.url}/healthz")
-        r.raise_for_status()
-        return int(r.json()["revision"])
-
     async def _follow(self, http: httpx2.AsyncClient, task_status: anyio.abc.TaskStatus[None]) -> None:
-        """One connection: stream events until it fails or ends."""
-        target = await self._caught_up_at(http) if task_status is not anyio.TASK_STATUS_IGNORED else 0
+        """One connection: stream events until it fails or ends.
+
+        Nothing counts as heard until the control plane's ``caught-up`` comment, which it
+        sends once it has replayed every change we missed: a stream that stalls mid-replay
+        must not make a gateway that lacks the stops issued during an outage look fresh.
+        """
         headers = {"Authorization": f"Bearer {self._token}", "Last-Event-ID": str(self.revision)}
         async with http.stream("GET", f"{self.url}/v1/watch", headers=headers) as response:
             response.raise_for_status()
-            self._heard()
-            task_status = self._report_if_caught_up(target, task_status)
+            caught_up = False
             event: dict[str, str] = {}
             async for line in response.aiter_lines():
                 if line.startswith(":"):
-                    self._heard()
+                    if not caught_up and line[1:].strip() == CAUGHT_UP:
+                        caught_up = True
+                        if task_status is not anyio.TASK_STATUS_IGNORED:
+                            self.ready = True
+                            task_status.started()
+                            task_status = anyio.TASK_STATUS_IGNORED
+                    if caught_up:
+                        self._heard()
                     continue
                 if line:
                     key, _, value = line.partition(":")
@@ -122,13 +121,13 @@ class StopWatch:
                     continue
                 if not event:
                     continue
-                self._heard()
                 kind, data, event = event.get("event", "message"), event.get("data", ""), {}
                 if kind == "error":
                     raise ControlUnreachable(f"the control plane reported: {data}")
                 if kind in ("stop", "clear"):
                     self.apply(kind, json.loads(data))
-                task_status = self._report_if_caught_up(target, task_status)
+                if caught_up:
+                    self._heard()
         raise ControlUnreachable("the watch stream ended")
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
