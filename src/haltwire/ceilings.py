@@ -7,7 +7,9 @@ A call to tool T by identity A must fit in:
 
 - A's call budget: N calls per fixed window (the refusal names when the window resets);
 - A's budget for T, when one is configured;
-- A's cap on calls in flight, and A's cap for T, when configured.
+- A's cap on calls in flight, and A's cap for T, when configured;
+- for a call in a run (one that presented a lease), the run's step budget (``run_steps``):
+  calls in the whole run, a budget keyed by run id in one long window.
 
 All counters are checked and taken in one atomic ``admit``; a refused call consumes
 nothing. The window is fixed rather than sliding, so the reset time is one value the
@@ -30,6 +32,11 @@ from haltwire.store.counters import BudgetCounter, CounterStore, CountersUnavail
 
 Clock = Callable[[], float]
 
+#: How long a run's step count is kept after the run's first call. A budget window like any
+#: other, only long: far past any lease (a lease is seconds to minutes and a run must keep
+#: renewing one), so a run's count cannot lapse and restart while the run is alive.
+RUN_WINDOW_S = 7 * 24 * 3600.0
+
 
 @dataclass(frozen=True, slots=True)
 class ToolCeilings:
@@ -41,6 +48,7 @@ class ToolCeilings:
     deadline_s: float
     tool_budget: int | None
     tool_max_in_flight: int | None
+    run_steps: int | None = None
 
 
 @dataclass(slots=True)
@@ -94,12 +102,16 @@ class Ceilings:
             deadline_s=float(_first(it.deadline_s, dt.deadline_s, ident.deadline_s, d.deadline_s) or 30.0),
             tool_budget=_int(_first(it.budget, dt.budget)),
             tool_max_in_flight=_int(_first(it.max_in_flight, dt.max_in_flight)),
+            run_steps=_int(_first(ident.run_steps, d.run_steps)),
         )
         self._cache[(agent, tool)] = resolved
         return resolved
 
-    async def admit(self, identity: Identity, tool: str) -> Ticket | Refusal:
-        """Admit one call or say why not. Fails closed when the counters cannot be reached."""
+    async def admit(self, identity: Identity, tool: str, run: str | None = None) -> Ticket | Refusal:
+        """Admit one call (in ``run``, when it presented a lease) or say why not.
+
+        Fails closed when the counters cannot be reached.
+        """
         c = self.for_call(identity.agent, tool)
         now = self._clock()
         window = int(now // c.window_s)
@@ -110,6 +122,10 @@ class Ceilings:
             budgets.append(BudgetCounter(f"{agent}:b", window, c.budget, ends))
         if c.tool_budget is not None:
             budgets.append(BudgetCounter(f"{agent}:b:{tool}", window, c.tool_budget, ends))
+        if run is not None and c.run_steps is not None:
+            # Keyed under the agent (one Redis Cluster slot with its other counters); window 0
+            # for the run's whole life, kept RUN_WINDOW_S from its first call.
+            budgets.append(BudgetCounter(f"{agent}:r:{run}", 0, c.run_steps, now + RUN_WINDOW_S))
         slots: list[SlotCounter] = []
         if c.max_in_flight is not None:
             slots.append(SlotCounter(f"{agent}:f", c.max_in_flight))
@@ -127,11 +143,23 @@ class Ceilings:
                     if self._please_try_again:
                         return refusal.please_try_again()
                     b = budgets[i]
+                    if run is not None and b.key == f"{agent}:r:{run}":
+                        return run_steps_exhausted(run, b.limit)
                     return refusal.budget_exhausted(
                         agent, b.limit, ends, tool if b.key != f"{agent}:b" else None
                     )
                 return refusal.too_many_in_flight(agent, slots[i].limit)
         return Ticket(self._store, tuple(slots), slot_id, c.deadline_s)
+
+
+def run_steps_exhausted(run: str, steps: int) -> Refusal:
+    """``budget_exhausted`` for a run: it has no reset time, the run is over."""
+    return Refusal(
+        code="budget_exhausted",
+        message=f"Run {run} has made all {steps} tool calls a run is allowed, {refusal.STOP_AND_TELL}",
+        retryable=False,
+        extra=(("run", run),),
+    )
 
 
 def _int(v: float | int | None) -> int | None:

@@ -42,6 +42,8 @@ class LimitsOverride(ConfigModel):
     window_s: float | None = Field(default=None, gt=0)
     max_in_flight: int | None = Field(default=None, ge=1)
     deadline_s: float | None = Field(default=None, gt=0)
+    #: Tool calls one run may make in all (counted for calls that present a lease).
+    run_steps: int | None = Field(default=None, ge=0)
     tools: dict[str, ToolLimits] = Field(default_factory=dict)
 
 
@@ -82,6 +84,8 @@ class IdentityConfig(TokenFields):
     version: str = "0"
     suspended_at_edge: bool = False
     refuse_at: RefuseAt = "tool"
+    #: ``required``: every call must present a valid lease (needs ``[leases]``).
+    lease: Literal["optional", "required"] = "optional"
     limits: LimitsOverride = Field(default_factory=LimitsOverride)
 
 
@@ -214,6 +218,8 @@ class GatewayConfig(ConfigModel):
     gateway: GatewaySection = Field(default_factory=GatewaySection)
     counters: CountersSection = Field(default_factory=CountersSection)
     control: ControlLink | None = None
+    #: The keys lease tokens are verified with; absent: tokens are ignored, none can be required.
+    leases: LeaseKeysSection | None = None
     limits: Limits = Field(default_factory=Limits)
     identities: list[IdentityConfig] = Field(default_factory=list)
     upstreams: list[UpstreamConfig] = Field(min_length=1)
@@ -234,6 +240,21 @@ class GatewayConfig(ConfigModel):
         if self.control is not None and self.control.token is not None and not self.gateway.development:
             raise ValueError(
                 "control: plain 'token' is accepted only with gateway.development = true; use token_env"
+            )
+        if self.leases is not None:
+            if self.leases.signing_key is not None:
+                # HMAC verifies with the signing secret anyway; the key is refused so that a
+                # gateway config never reads as if the gateway issued leases.
+                raise ValueError("leases.signing_key: a gateway only verifies lease tokens; remove it")
+            if self.leases.plain_secrets() and not self.gateway.development:
+                raise ValueError(
+                    "leases.keys: plain 'secret' is accepted only with gateway.development = true; use secret_env"
+                )
+        required = [i.agent for i in self.identities if i.lease == "required"]
+        if required and self.leases is None:
+            raise ValueError(
+                f"identities: {', '.join(required)} require a lease, but there is no [leases] section "
+                "to verify one with"
             )
         longest = max(self._deadlines(), default=self.limits.deadline_s)
         if self.counters.backend == "redis" and self.counters.slot_ttl_s <= longest:

@@ -11,6 +11,7 @@ from haltwire import __version__
 from haltwire.ceilings import Ceilings, Clock
 from haltwire.config import GatewayConfig
 from haltwire.gateway.app import GatewayApp
+from haltwire.gateway.leases import LeaseCheck
 from haltwire.gateway.proxy import Gateway
 from haltwire.gateway.stops import ControlUnreachable, StopWatch
 from haltwire.gateway.upstreams import UpstreamError, Upstreams
@@ -34,11 +35,16 @@ def create_app(
     store = store if store is not None else counter_store(config)
     upstreams = Upstreams(config.upstreams)
     stops = StopWatch(config.control) if config.control is not None else None
+    leases = None
+    if config.leases is not None:
+        required = [i.agent for i in config.identities if i.lease == "required"]
+        leases = LeaseCheck(config.leases.lease_keys(), required, clock=clock)
     gateway = Gateway(
         upstreams,
         Ceilings(config, store, clock=clock),
         SuspensionFile(config.gateway.suspended_file),
         stops,
+        leases,
     )
 
     async def startup(stack: AsyncExitStack) -> None:

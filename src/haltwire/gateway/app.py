@@ -42,6 +42,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import Message, Receive, Scope, Send
 
 from haltwire import refusal
+from haltwire.gateway.leases import LEASE_HEADER
 from haltwire.gateway.proxy import Gateway
 from haltwire.gateway.server import IDENTITY_STATE_KEY, build_server
 from haltwire.identity import Identity, TokenTable, bearer_token
@@ -280,8 +281,10 @@ class GatewayApp:
         wants_progress = (
             isinstance(token, str | int) and not isinstance(token, bool) and "text/event-stream" in accept
         )
+        # The header is looked for only by a gateway that verifies leases.
+        lease_header = headers.get(LEASE_HEADER) if self.gateway.leases is not None else None
         await self._serve_call(
-            identity, request_id, name, arguments, meta, token, wants_progress, receive, send
+            identity, request_id, name, arguments, meta, token, wants_progress, receive, send, lease_header
         )
         return True
 
@@ -296,6 +299,7 @@ class GatewayApp:
         wants_progress: bool,
         receive: Receive,
         send: Send,
+        lease_header: str | None = None,
     ) -> None:
         events_out, events_in = anyio.create_memory_object_stream[bytes](16)
         outcome: list[dict[str, Any] | Refusal | MCPError] = []
@@ -314,7 +318,9 @@ class GatewayApp:
         async def run_call() -> None:
             async with events_out:
                 try:
-                    outcome.append(await self.gateway.call_tool(identity, name, arguments, meta, report))
+                    outcome.append(
+                        await self.gateway.call_tool(identity, name, arguments, meta, report, lease_header)
+                    )
                 except MCPError as exc:
                     outcome.append(exc)
 

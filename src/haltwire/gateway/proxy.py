@@ -1,6 +1,9 @@
-"""The enforcement pipeline for one ``tools/call``: the kill switch, the stops, the ceilings, the upstream.
+"""The enforcement pipeline for one ``tools/call``: the kill switch, the lease, the stops, the ceilings,
+the upstream.
 
-Order matters and is fixed: a suspended or stopped identity is refused before anything is counted;
+Order matters and is fixed: a suspended identity, a bad lease or a stopped call is refused
+before anything is counted; a lease names the call's run, so run stops, the lease's fencing
+generation and the run's step budget apply to it;
 an admitted call holds its slots until the upstream answers, fails, times out or is
 cancelled (the ``finally`` below); the upstream call runs under the tool's deadline, so a
 hung upstream cannot hold a slot.
@@ -17,12 +20,14 @@ from mcp_types import INVALID_PARAMS
 
 from haltwire import refusal
 from haltwire.ceilings import Ceilings
+from haltwire.gateway.leases import LEASE_META, LeaseCheck, without_lease
 from haltwire.gateway.stops import StopWatch
 from haltwire.gateway.upstreams import Progress, Upstreams, UpstreamUnavailable
 from haltwire.identity import Identity
 from haltwire.killswitch import SuspensionFile
 from haltwire.refusal import Refusal
 from haltwire.store.counters import CountersUnavailable
+from haltwire.tokens import LeaseClaims
 
 log = logging.getLogger("haltwire.gateway")
 
@@ -42,11 +47,13 @@ class Gateway:
         ceilings: Ceilings,
         suspensions: SuspensionFile,
         stops: StopWatch | None = None,
+        leases: LeaseCheck | None = None,
     ) -> None:
         self.upstreams = upstreams
         self.ceilings = ceilings
         self.suspensions = suspensions
         self.stops = stops
+        self.leases = leases
 
     async def call_tool(
         self,
@@ -55,19 +62,38 @@ class Gateway:
         arguments: dict[str, Any] | None,
         meta: dict[str, Any] | None = None,
         progress: Progress | None = None,
+        lease_header: str | None = None,
     ) -> dict[str, Any] | Refusal:
         """The upstream's result in wire form, or the refusal that replaces it.
 
+        ``lease_header`` is the ``Haltwire-Lease`` header, used when ``meta`` carries no token.
         Raises ``UnknownTool`` (a JSON-RPC error) for a name no upstream offers.
         """
         if self.suspensions.is_suspended(identity.agent):
             return refusal.agent_suspended(identity.agent)
-        if self.stops is not None and (stopped := self.stops.check(identity, name)) is not None:
-            return stopped  # before routing and ceilings: a stopped call consumes nothing
+        lease: LeaseClaims | None = None
+        leases = self.leases
+        if leases is not None:
+            checked = leases.check(identity, meta, lease_header)
+            if isinstance(checked, Refusal):
+                return checked
+            lease = checked
+            if lease is not None and meta is not None and LEASE_META in meta:
+                meta = without_lease(meta)  # the token is this gateway's, not the upstream's
+        run = lease.run if lease is not None else None
+        if self.stops is not None:
+            if (stopped := self.stops.check(identity, name, run)) is not None:
+                return stopped  # before routing and ceilings: a stopped call consumes nothing
+            if (
+                leases is not None
+                and lease is not None
+                and (fenced := leases.fenced(lease, self.stops.stops))
+            ):
+                return fenced
         route = self.upstreams.route(name)
         if route is None:
             raise UnknownTool(name)
-        ticket = await self.ceilings.admit(identity, name)
+        ticket = await self.ceilings.admit(identity, name, run)
         if isinstance(ticket, Refusal):
             return ticket
         try:

@@ -13,6 +13,7 @@ import mcp.types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 
+from haltwire.gateway.leases import LEASE_HEADER
 from haltwire.gateway.proxy import Gateway
 from haltwire.identity import Identity
 from haltwire.refusal import Refusal
@@ -45,7 +46,12 @@ def build_server(gateway: Gateway, version: str) -> Server[Any]:
             async def report(progress: float, total: float | None, message: str | None) -> None:
                 await ctx.session.report_progress(progress, total, message)
 
-        result = await gateway.call_tool(identity_of(ctx), params.name, params.arguments, meta, report)
+        lease_header = None
+        if gateway.leases is not None and ctx.request is not None:
+            lease_header = ctx.request.headers.get(LEASE_HEADER)
+        result = await gateway.call_tool(
+            identity_of(ctx), params.name, params.arguments, meta, report, lease_header
+        )
         wire = result.tool_result() if isinstance(result, Refusal) else result
         return types.CallToolResult.model_validate(wire)
 

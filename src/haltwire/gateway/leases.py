@@ -1,0 +1,125 @@
+"""The gateway's lease check (level 3 of the stop ladder): policy only.
+
+A call may carry a lease token, in ``params._meta["io.haltwire/lease"]`` or else in the
+``Haltwire-Lease`` HTTP header. The gateway verifies it with its own keys and by its own
+clock (never the runtime's), binds it to the calling identity, and from then on knows the
+call's run: stops on ``run:ID`` apply, the fencing generation is checked against the stops
+this gateway follows, and the run's step budget counts it.
+
+A call without a token is served as before (no run), unless its identity is configured
+with ``lease = "required"``. Every refusal here is terminal: a runtime whose lease is
+gone must stop, not retry.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, Final
+
+from haltwire import refusal
+from haltwire.identity import Identity
+from haltwire.refusal import Refusal
+from haltwire.scope import GLOBAL, Scope
+from haltwire.stopset import StopSet
+from haltwire.tokens import LeaseClaims, LeaseKeys, LeaseTokenError
+
+#: Where a ``tools/call`` carries its lease token and the run it believes it is in.
+LEASE_META: Final = "io.haltwire/lease"
+RUN_META: Final = "io.haltwire/run"
+#: The header for clients that can only set headers (lower case, as ASGI gives it).
+LEASE_HEADER: Final = "haltwire-lease"
+
+_MAX_SCOPE_CACHE: Final = 65_536
+
+
+def run_scopes(claims: LeaseClaims) -> frozenset[Scope]:
+    """The scopes a run belongs to (no tool scopes: a tool stop refuses calls, it ends no run)."""
+    return frozenset(
+        {
+            GLOBAL,
+            Scope("run", claims.run),
+            Scope("agent", claims.agent),
+            Scope("tenant", claims.tenant),
+            Scope("version", f"{claims.agent}@{claims.version}"),
+        }
+    )
+
+
+def without_lease(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """``meta`` minus the lease token: it is a credential for this gateway, not for upstreams."""
+    rest = {k: v for k, v in meta.items() if k != LEASE_META}
+    return rest or None
+
+
+class LeaseCheck:
+    """Verifies the lease of one call. ``required`` names the identities that must present one."""
+
+    def __init__(
+        self,
+        keys: LeaseKeys,
+        required: Collection[str] = (),
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.keys = keys
+        self.required = frozenset(required)
+        self._clock = clock
+        # Run scopes per verified token's run identity; bounded, cleared when full.
+        self._scopes: dict[tuple[str, str, str, str], frozenset[Scope]] = {}
+
+    def check(
+        self, identity: Identity, meta: Mapping[str, Any] | None, header: str | None
+    ) -> LeaseClaims | Refusal | None:
+        """The lease's claims, the refusal for this call, or None (no lease, none required)."""
+        token: object = None
+        claimed_run: object = None
+        if meta:
+            token = meta.get(LEASE_META)
+            claimed_run = meta.get(RUN_META)
+        if token is None:
+            token = header
+        if token is None:
+            if identity.agent in self.required:
+                return refusal.lease_invalid("this identity must present a lease")
+            return None
+        if not isinstance(token, str) or not token:
+            return refusal.lease_invalid("the lease token is empty or not a string")
+        try:
+            # Signature only here (no clock can expire it): expiry is judged below, so the
+            # refusal can name the run of an authentic but expired lease.
+            claims = self.keys.verify(token, now=-math.inf)
+        except LeaseTokenError as exc:
+            return refusal.lease_invalid(str(exc))
+        except (ValueError, TypeError):
+            # Anything a malformed token makes the JWT library raise beyond its own errors.
+            return refusal.lease_invalid("the token cannot be read")
+        if self._clock() >= claims.expires_at:  # no leeway, as LeaseKeys.verify
+            return refusal.lease_expired(claims.run)
+        if (claims.agent, claims.tenant, claims.version) != (
+            identity.agent,
+            identity.tenant,
+            identity.version,
+        ):
+            return refusal.lease_invalid("issued to another identity")
+        if claimed_run is not None and claimed_run != claims.run:
+            return refusal.lease_invalid(f"the lease is for run {claims.run}, not the run this call names")
+        return claims
+
+    def fenced(self, claims: LeaseClaims, stops: StopSet) -> Refusal | None:
+        """lease_invalid when a stop (even one cleared since) on the run's scopes postdates the grant."""
+        if claims.generation >= stops.revision:
+            return None  # no stop at all since the grant (a fence is never above the revision)
+        key = (claims.run, claims.agent, claims.tenant, claims.version)
+        scopes = self._scopes.get(key)
+        if scopes is None:
+            if len(self._scopes) >= _MAX_SCOPE_CACHE:
+                self._scopes.clear()
+            scopes = self._scopes[key] = run_scopes(claims)
+        fence = stops.fence(scopes)
+        if fence > claims.generation:
+            return refusal.lease_invalid(
+                f"granted before stop revision {fence} on this run; the run must get a new lease"
+            )
+        return None
