@@ -25,10 +25,10 @@ from mcp.client.streamable_http import streamable_http_client
 
 from haltwire.ceilings import RUN_WINDOW_S
 from haltwire.config import ConfigError, parse_config
-from haltwire.gateway.leases import LEASE_META, RUN_META, LeaseCheck
+from haltwire.gateway.leases import LeaseCheck
 from haltwire.identity import Identity
 from haltwire.refusal import Refusal
-from haltwire.tokens import LeaseClaims, LeaseKeys
+from haltwire.tokens import LEASE_META, RUN_META, LeaseClaims, LeaseKeys
 from harness import TOKENS, config_dict, running_gateway, running_upstream
 from redis_process import shared_prefix
 from test_gateway_stops import clear, control_plane, gateway_config, issue, until

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -64,3 +65,19 @@ def test_a_missing_or_short_secret_is_a_config_error(monkeypatch: pytest.MonkeyP
         section.lease_keys()
     monkeypatch.setenv("HW_TEST_LEASE_KEY", SECRET)
     assert section.lease_keys().kids == {"k1"}
+
+
+def test_haltwire_control_exits_2_when_a_lease_secret_is_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from haltwire.cli import main
+
+    monkeypatch.delenv("HW_TEST_LEASE_KEY", raising=False)
+    path = tmp_path / "control.toml"
+    path.write_text(
+        '[leases]\nsigning_key = "k1"\n[[leases.keys]]\nkid = "k1"\nsecret_env = "HW_TEST_LEASE_KEY"\n'
+    )
+    with pytest.raises(SystemExit) as exc:
+        main(["control", "--config", str(path)])
+    assert exc.value.code == 2
+    assert "HW_TEST_LEASE_KEY is not set" in capsys.readouterr().err

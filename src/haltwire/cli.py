@@ -70,6 +70,8 @@ def _control(args: argparse.Namespace) -> int:
 
     try:
         config = load_control_config(args.config)
+        if config.leases is not None:
+            config.leases.lease_keys()  # a secret_env naming an unset variable is a usage error
     except ConfigError as exc:
         print(f"haltwire control: {exc}", file=sys.stderr)
         return EXIT_USAGE

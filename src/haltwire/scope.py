@@ -66,6 +66,20 @@ def call_scopes(identity: Identity, tool: str, run: str | None = None) -> frozen
     return frozenset(scopes)
 
 
+def run_scopes(run: str, agent: str, tenant: str, version: str) -> frozenset[Scope]:
+    """The scopes a stop must name to end a run (never tool scopes: a tool stop refuses calls
+    to the tool, it ends no run)."""
+    return frozenset(
+        {
+            GLOBAL,
+            Scope("run", run),
+            Scope("agent", agent),
+            Scope("tenant", tenant),
+            Scope("version", f"{agent}@{version}"),
+        }
+    )
+
+
 StopT = TypeVar("StopT")
 
 

@@ -1,6 +1,17 @@
-"""The control plane: the out-of-band stop registry, its audit log and its watch stream."""
+"""The control plane: the out-of-band stop registry, its audit log, its watch stream, runs and leases."""
 
 from haltwire.control.app import ROLES, create_app
 from haltwire.control.config import Caller, ControlConfig, load_control_config, parse_control_config
+from haltwire.control.leases import Grant, LeaseDesk, LeaseRefused
 
-__all__ = ["ROLES", "Caller", "ControlConfig", "create_app", "load_control_config", "parse_control_config"]
+__all__ = [
+    "ROLES",
+    "Caller",
+    "ControlConfig",
+    "Grant",
+    "LeaseDesk",
+    "LeaseRefused",
+    "create_app",
+    "load_control_config",
+    "parse_control_config",
+]

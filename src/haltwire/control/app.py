@@ -25,7 +25,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from haltwire.control.config import Caller, ControlConfig
+from haltwire.control.leases import LeaseDesk
 from haltwire.control.openapi import openapi_json
+from haltwire.control.runs import routes as run_routes
 from haltwire.control.stores import Stores, open_stores
 from haltwire.identity import bearer_token, token_sha256
 from haltwire.refusal import unauthenticated
@@ -40,6 +42,14 @@ ROLES: Final[Mapping[str, frozenset[str]]] = {
     "stops.read": frozenset({"operator", "tripwire", "gateway", "executor", "viewer", "agent"}),
     "audit.read": frozenset({"operator", "viewer"}),
     "watch": frozenset({"operator", "gateway", "executor", "viewer", "agent"}),
+    # Runs and leases (haltwire.control.runs); an agent acts only on the runs it registered.
+    "run.register": frozenset({"agent"}),
+    "lease.renew": frozenset({"agent"}),
+    "run.end": frozenset({"agent", "operator"}),
+    "checkpoint.save": frozenset({"agent"}),
+    "checkpoint.read": frozenset({"agent", "operator", "viewer"}),
+    "run.read": frozenset({"operator", "viewer", "executor", "gateway", "tripwire", "agent"}),
+    "runs.list": frozenset({"operator", "viewer"}),
 }
 
 
@@ -77,11 +87,6 @@ def change_json(change: Change) -> dict[str, Any]:
     return {"revision": change.revision, "kind": change.kind, "stop": stop_json(change.stop)}
 
 
-def visible_to(caller: Caller, scope: str) -> bool:
-    """An agent sees only stops on its own agent id, or global ones; other roles see all."""
-    return caller.role != "agent" or scope in ("global", f"agent:{caller.agent}")
-
-
 class Plane:
     """The running control plane's state, held in ``app.state.plane``."""
 
@@ -91,6 +96,9 @@ class Plane:
         self.heartbeat_s = config.control.heartbeat_s
         self.stores: Stores | None = None
         self._changed = anyio.Event()
+        self._run_agents: dict[str, str] = {}
+        #: Grants leases to runs; None without [leases] (the run endpoints answer 501).
+        self.leases = LeaseDesk.from_config(config)
 
     @property
     def open(self) -> Stores:
@@ -106,6 +114,31 @@ class Plane:
     @property
     def changed(self) -> anyio.Event:
         return self._changed
+
+    async def visible_to(self, caller: Caller, scope: str) -> bool:
+        """An agent sees only the stops that can stop it: global ones, and those on its agent
+        id, its tenant, a version of its agent, or one of its runs. Other roles see all."""
+        if caller.role != "agent":
+            return True
+        if scope in ("global", f"agent:{caller.agent}", f"tenant:{caller.tenant}"):
+            return True
+        if scope.startswith(f"version:{caller.agent}@"):
+            return True
+        if scope.startswith("run:"):
+            return await self.run_agent(scope.removeprefix("run:")) == caller.agent
+        return False
+
+    async def run_agent(self, run_id: str) -> str | None:
+        """The agent a run belongs to (a run never changes hands, so it is cached)."""
+        agent = self._run_agents.get(run_id)
+        if agent is None:
+            run = await self.open.runs.get(run_id)
+            if run is None:
+                return None
+            if len(self._run_agents) >= 100_000:
+                self._run_agents.clear()
+            agent = self._run_agents[run_id] = run.agent
+        return agent
 
     def caller(self, request: Request) -> Caller:
         header = request.headers.get("authorization")
@@ -205,7 +238,7 @@ async def list_stops(request: Request) -> Response:
         stops = await registry.all_stops()
     else:
         stops = await registry.active_stops(now=time.time())
-    return JSONResponse({"stops": [stop_json(s) for s in stops if visible_to(caller, s.scope)]})
+    return JSONResponse({"stops": [stop_json(s) for s in stops if await plane.visible_to(caller, s.scope)]})
 
 
 async def list_audit(request: Request) -> Response:
@@ -250,7 +283,7 @@ async def watch(request: Request) -> Response:
         while True:
             for c in changes:
                 last = c.revision
-                if visible_to(caller, c.stop.scope):
+                if await plane.visible_to(caller, c.stop.scope):
                     yield ServerSentEvent(
                         json.dumps(change_json(c), separators=(",", ":")), event=c.kind, id=str(c.revision)
                     )
@@ -306,6 +339,7 @@ routes = [
     Route("/v1/audit/verify", verify_audit),
     Route("/v1/watch", watch),
     Route("/openapi.json", openapi_json, methods=["GET"]),
+    *run_routes,
 ]
 
 

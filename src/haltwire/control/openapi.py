@@ -2,10 +2,12 @@
 
 Shapes are derived, not restated: request bodies from the pydantic models the handlers
 validate with, responses from the dataclasses the handlers serialize (``StopRecord``,
-``Change``, ``AuditRecord``, ``VerifyResult``), and which operations can answer 403 from
-``ROLES``. Response objects are closed (``additionalProperties: false``, every field required,
-as ``asdict`` always writes every field), so a field added to a record without the document
-noticing fails the schemathesis run in tests/test_openapi.py.
+``Change``, ``AuditRecord``, ``VerifyResult``, ``RunRecord``, ``Checkpoint``, ``Grant``), and
+which operations can answer 403 from ``ROLES``. Response objects are closed
+(``additionalProperties: false``, every field required, as ``asdict`` always writes every
+field), so a field added to a record without the document noticing fails the schemathesis
+run in tests/test_openapi.py. Error objects are closed too: their optional fields are the
+ones handlers add (``needed_roles``; ``scope``, ``stop_id``, ``reason`` of a ``stopped``).
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from starlette.responses import JSONResponse, Response
 
 import haltwire
 from haltwire.control.config import Role
+from haltwire.control.leases import Grant
 from haltwire.scope import KINDS
 from haltwire.store.audit import AuditRecord, VerifyResult
 from haltwire.store.registry import Change, ChangeKind, StopRecord
+from haltwire.store.runs import Checkpoint, RunRecord
 
 REF = "#/components/schemas/{model}"
 JSON = "application/json"
@@ -54,26 +58,48 @@ def _components() -> dict[str, Any]:
     _derived(schemas, Change)
     _derived(schemas, AuditRecord)
     _derived(schemas, VerifyResult)
-    schemas["Error"] = {
+    _derived(schemas, RunRecord)  # tools, a tuple, is written as a JSON list (runs.run_json)
+    _derived(schemas, Checkpoint)
+    _derived(schemas, Grant)
+    # The ``error`` object of every error body, and of each refused run in a batched renewal.
+    # Optional fields: who may (403), and which stop refused a lease (409 stopped).
+    schemas["ErrorObject"] = {
         "type": "object",
         "properties": {
-            "error": {
-                "type": "object",
-                "properties": {
-                    "code": {"type": "string"},
-                    "message": {"type": "string"},
-                    "retryable": {"type": "boolean"},
-                    "needed_roles": {"type": "array", "items": {"type": "string"}},
-                },
-                "required": ["code", "message", "retryable"],
-                "additionalProperties": False,
-            }
+            "code": {"type": "string"},
+            "message": {"type": "string"},
+            "retryable": {"type": "boolean"},
+            "needed_roles": {"type": "array", "items": {"type": "string"}},
+            "scope": {"type": "string"},
+            "stop_id": {"type": "string"},
+            "reason": {"type": "string"},
         },
-        "required": ["error"],
+        "required": ["code", "message", "retryable"],
         "additionalProperties": False,
     }
+    schemas["Error"] = _closed({"type": "object", "properties": {"error": _ref("ErrorObject")}})
     schemas["StopList"] = _closed({"type": "object", "properties": {"stops": _array(_ref("StopRecord"))}})
     schemas["AuditList"] = _closed({"type": "object", "properties": {"records": _array(_ref("AuditRecord"))}})
+    schemas["RunList"] = _closed({"type": "object", "properties": {"runs": _array(_ref("RunRecord"))}})
+    schemas["Registration"] = _closed(
+        {
+            "type": "object",
+            "properties": {
+                "run": _ref("RunRecord"),
+                "lease": _ref("Grant"),
+                "checkpoint": {"anyOf": [_ref("Checkpoint"), {"type": "null"}]},
+            },
+        }
+    )
+    schemas["Renewals"] = _closed(
+        {
+            "type": "object",
+            "properties": {
+                "leases": {"type": "object", "additionalProperties": _ref("Grant")},
+                "refused": {"type": "object", "additionalProperties": _ref("ErrorObject")},
+            },
+        }
+    )
     schemas["Health"] = _closed(
         {"type": "object", "properties": {"ok": {"const": True}, "revision": {"type": "integer"}}}
     )
@@ -91,14 +117,19 @@ def _json(description: str, schema: dict[str, Any]) -> dict[str, Any]:
     return {"description": description, "content": {JSON: {"schema": schema}}}
 
 
+#: The meanings shared by every operation; 404, 409 and others are described per operation.
 _ERRORS = {
     401: "unauthenticated: no, malformed or unknown bearer token",
     403: "forbidden: the caller's role may not do this (needed_roles lists who may)",
-    404: "unknown_stop: no stop has this id",
-    409: "already_cleared: the stop was cleared before",
     422: "invalid_request: the body or a parameter is invalid",
-    503: "registry_unavailable: the stop registry or audit log failed (fail closed; retryable)",
+    501: "leases_not_configured: this control plane has no [leases] keys",
+    503: "registry_unavailable: the stop registry, run store or audit log failed (fail closed; retryable)",
 }
+_FORBIDDEN_RUN = (
+    "forbidden: the caller's role may not do this (needed_roles lists who may), or the run is another agent's"
+)
+_UNKNOWN_RUN = "unknown_run: no run has this id"
+_STOPPED = "stopped: an active stop matches one of the run's scopes (scope, stop_id and reason say which)"
 
 
 #: ``Scope.parse``'s grammar (scope.py), so generated bodies mostly name real scopes.
@@ -110,26 +141,39 @@ SCOPE_PATTERN = (
 #: A stop just issued can be cleared: schemathesis' stateful phase follows this link.
 _CLEAR_LINK = {"clear": {"operationId": "clear_stop", "parameters": {"stop_id": "$response.body#/stop_id"}}}
 
+#: A run just registered can be read, renewed, checkpointed and ended through these links.
+_RUN_LINKS = {
+    operation_id: {"operationId": operation_id, "parameters": {"run_id": "$response.body#/run/run_id"}}
+    for operation_id in ("get_run", "renew_lease", "save_checkpoint", "latest_checkpoint", "end_run")
+}
+
+Errors = tuple[int | tuple[int, str], ...]
+
 
 def _operation(
     operation_id: str,
     summary: str,
     ok: tuple[int, dict[str, Any]],
-    errors: tuple[int, ...],
+    errors: Errors,
     action: str | None,
     parameters: list[dict[str, Any]] | None = None,
     body: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One operation; ``action`` is its ``ROLES`` key, or None for an unauthenticated one."""
+    """One operation; ``action`` is its ``ROLES`` key, or None for an unauthenticated one.
+
+    ``errors`` are status codes with the shared meaning in ``_ERRORS``, or (code, meaning) for
+    this operation's own: a 404 or a 409 means different things on different paths.
+    """
     from haltwire.control.app import ROLES  # app.py imports this module for its route
 
-    codes = list(errors)
+    meanings = {c: _ERRORS[c] for c in errors if isinstance(c, int)}
+    meanings.update(c for c in errors if not isinstance(c, int))
     if action is not None:
-        codes.append(401)
+        meanings.setdefault(401, _ERRORS[401])
         if ROLES[action] != frozenset(get_args(Role)):
-            codes.append(403)
+            meanings.setdefault(403, _ERRORS[403])
     responses: dict[str, Any] = {str(ok[0]): ok[1]}
-    responses.update({str(c): _json(_ERRORS[c], _ref("Error")) for c in sorted(codes)})
+    responses.update({str(c): _json(meanings[c], _ref("Error")) for c in sorted(meanings)})
     operation: dict[str, Any] = {"operationId": operation_id, "summary": summary, "responses": responses}
     if action is None:
         operation["security"] = []
@@ -165,6 +209,139 @@ def _watch_event() -> dict[str, Any]:
         False,
     )
     return {"oneOf": [change, failure]}
+
+
+def _run_paths(schemas: dict[str, Any]) -> dict[str, Any]:
+    """The run and lease endpoints (haltwire.control.runs)."""
+    from haltwire.control.runs import (
+        MAX_BATCH,
+        MAX_CHECKPOINT_BYTES,
+        RUN_ID,
+        CheckpointBody,
+        RegisterBody,
+        RenewBody,
+    )
+
+    run_id = [
+        {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string", "pattern": RUN_ID}}
+    ]
+    not_yours = (403, _FORBIDDEN_RUN)
+    unknown = (404, _UNKNOWN_RUN)
+    registered = _json("the run, its first lease and the checkpoint it resumes from", _ref("Registration"))
+    return {
+        "/v1/runs": {
+            "post": _operation(
+                "register_run",
+                "Register a run and grant its first lease",
+                (201, {**registered, "links": _RUN_LINKS}),
+                (
+                    (
+                        409,
+                        "run_exists: a run with this id was registered before; "
+                        f"or {_STOPPED} (nothing is recorded)",
+                    ),
+                    (
+                        422,
+                        "invalid_request: the body is invalid, the agent_class unknown, "
+                        "or resume_from not a run of this agent",
+                    ),
+                    501,
+                    503,
+                ),
+                "run.register",
+                body=_body_schema(schemas, RegisterBody),
+            ),
+            "get": _operation(
+                "list_runs",
+                "The most recently registered runs, newest first",
+                (200, _json("the runs", _ref("RunList"))),
+                ((422, f"invalid_request: limit is not a number from 1 to {MAX_BATCH}"), 503),
+                "runs.list",
+                [
+                    _query(
+                        "limit",
+                        {"type": "integer", "minimum": 1, "maximum": MAX_BATCH, "default": 100},
+                        "how many runs",
+                    )
+                ],
+            ),
+        },
+        "/v1/runs/{run_id}": {
+            "get": _operation(
+                "get_run",
+                "One run",
+                (200, _json("the run", _ref("RunRecord"))),
+                (not_yours, unknown, 503),
+                "run.read",
+                run_id,
+            )
+        },
+        "/v1/runs/{run_id}/lease": {
+            "post": _operation(
+                "renew_lease",
+                "Renew a run's lease",
+                (200, _json("the new lease", _ref("Grant"))),
+                (
+                    not_yours,
+                    unknown,
+                    (409, f"{_STOPPED}; or run_ended: the run has ended and gets no more leases"),
+                    501,
+                    503,
+                ),
+                "lease.renew",
+                run_id,
+            )
+        },
+        "/v1/runs/{run_id}/end": {
+            "post": _operation(
+                "end_run",
+                "End a run: it gets no more leases",
+                (200, _json("the run, ended_at set (by the first end)", _ref("RunRecord"))),
+                (not_yours, unknown, 503),
+                "run.end",
+                run_id,
+            )
+        },
+        "/v1/runs/{run_id}/checkpoint": {
+            "put": _operation(
+                "save_checkpoint",
+                "Save a run's next checkpoint",
+                (200, _json("the checkpoint saved", _ref("Checkpoint"))),
+                (
+                    not_yours,
+                    unknown,
+                    (413, f"payload_too_large: the body is over {MAX_CHECKPOINT_BYTES} bytes"),
+                    422,
+                    503,
+                ),
+                "checkpoint.save",
+                run_id,
+                body=_body_schema(schemas, CheckpointBody),
+            ),
+            "get": _operation(
+                "latest_checkpoint",
+                "A run's latest checkpoint",
+                (200, _json("the latest checkpoint", _ref("Checkpoint"))),
+                (
+                    not_yours,
+                    (404, f"{_UNKNOWN_RUN}; or no_checkpoint: the run has saved no checkpoint"),
+                    503,
+                ),
+                "checkpoint.read",
+                run_id,
+            ),
+        },
+        "/v1/leases/renew": {
+            "post": _operation(
+                "renew_leases",
+                "Renew many runs' leases in one request",
+                (200, _json("a lease for each run granted one, an error for each refused", _ref("Renewals"))),
+                (422, 501, 503),
+                "lease.renew",
+                body=_body_schema(schemas, RenewBody),
+            )
+        },
+    }
 
 
 def _document() -> dict[str, Any]:
@@ -225,7 +402,12 @@ def _document() -> dict[str, Any]:
                 "clear_stop",
                 "Clear a stop",
                 (200, _json("the stop as cleared", _ref("StopRecord"))),
-                (404, 409, 422, 503),
+                (
+                    (404, "unknown_stop: no stop has this id"),
+                    (409, "already_cleared: the stop was cleared before"),
+                    422,
+                    503,
+                ),
                 "stop.clear",
                 [{"name": "stop_id", "in": "path", "required": True, "schema": {"type": "string"}}],
                 body=_body_schema(schemas, ClearBody),
@@ -263,6 +445,7 @@ def _document() -> dict[str, Any]:
                 ],
             )
         },
+        **_run_paths(schemas),
     }
     return {
         "openapi": "3.1.0",

@@ -1,4 +1,4 @@
-"""Opening the registry and the audit log a control-plane config names, as one unit."""
+"""Opening the registry, the audit log and the run store a control-plane config names, as one unit."""
 
 from __future__ import annotations
 
@@ -9,33 +9,42 @@ from dataclasses import dataclass
 from haltwire.control.config import RegistrySection
 from haltwire.store.audit import AuditLog
 from haltwire.store.registry import Registry
+from haltwire.store.runs import RunStore
 
 
 @dataclass(slots=True)
 class Stores:
     registry: Registry
     audit: AuditLog
+    runs: RunStore
 
 
 @asynccontextmanager
 async def open_stores(section: RegistrySection) -> AsyncIterator[Stores]:
-    """Both stores in one place: the SQLite file, or the PostgreSQL schema."""
+    """All the stores in one place: the SQLite file, or the PostgreSQL schema."""
     async with AsyncExitStack() as stack:
         registry: Registry
         audit: AuditLog
+        runs: RunStore
         if section.backend == "sqlite":
             from haltwire.store.audit.sqlite import SqliteAuditLog
             from haltwire.store.registry.sqlite import SqliteRegistry
+            from haltwire.store.runs.sqlite import SqliteRunStore
 
             registry = await SqliteRegistry.open(section.path)
             stack.push_async_callback(registry.aclose)
             audit = await SqliteAuditLog.open(section.path)
+            stack.push_async_callback(audit.aclose)
+            runs = await SqliteRunStore.open(section.path)
         else:
             from haltwire.store.audit.postgres import PostgresAuditLog
             from haltwire.store.registry.postgres import PostgresRegistry
+            from haltwire.store.runs.postgres import PostgresRunStore
 
             registry = await PostgresRegistry.open(section.url, schema=section.schema_)
             stack.push_async_callback(registry.aclose)
             audit = await PostgresAuditLog.open(section.url, schema=section.schema_)
-        stack.push_async_callback(audit.aclose)
-        yield Stores(registry, audit)
+            stack.push_async_callback(audit.aclose)
+            runs = await PostgresRunStore.open(section.url, schema=section.schema_)
+        stack.push_async_callback(runs.aclose)
+        yield Stores(registry, audit, runs)

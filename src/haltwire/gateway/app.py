@@ -42,11 +42,11 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import Message, Receive, Scope, Send
 
 from haltwire import refusal
-from haltwire.gateway.leases import LEASE_HEADER
 from haltwire.gateway.proxy import Gateway
 from haltwire.gateway.server import IDENTITY_STATE_KEY, build_server
 from haltwire.identity import Identity, TokenTable, bearer_token
 from haltwire.refusal import Refusal
+from haltwire.tokens import LEASE_HEADER
 
 log = logging.getLogger("haltwire.gateway")
 

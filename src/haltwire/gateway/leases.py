@@ -21,30 +21,11 @@ from typing import Any, Final
 from haltwire import refusal
 from haltwire.identity import Identity
 from haltwire.refusal import Refusal
-from haltwire.scope import GLOBAL, Scope
+from haltwire.scope import Scope, run_scopes
 from haltwire.stopset import StopSet
-from haltwire.tokens import LeaseClaims, LeaseKeys, LeaseTokenError
-
-#: Where a ``tools/call`` carries its lease token and the run it believes it is in.
-LEASE_META: Final = "io.haltwire/lease"
-RUN_META: Final = "io.haltwire/run"
-#: The header for clients that can only set headers (lower case, as ASGI gives it).
-LEASE_HEADER: Final = "haltwire-lease"
+from haltwire.tokens import LEASE_META, RUN_META, LeaseClaims, LeaseKeys, LeaseTokenError
 
 _MAX_SCOPE_CACHE: Final = 65_536
-
-
-def run_scopes(claims: LeaseClaims) -> frozenset[Scope]:
-    """The scopes a run belongs to (no tool scopes: a tool stop refuses calls, it ends no run)."""
-    return frozenset(
-        {
-            GLOBAL,
-            Scope("run", claims.run),
-            Scope("agent", claims.agent),
-            Scope("tenant", claims.tenant),
-            Scope("version", f"{claims.agent}@{claims.version}"),
-        }
-    )
 
 
 def without_lease(meta: dict[str, Any]) -> dict[str, Any] | None:
@@ -116,7 +97,7 @@ class LeaseCheck:
         if scopes is None:
             if len(self._scopes) >= _MAX_SCOPE_CACHE:
                 self._scopes.clear()
-            scopes = self._scopes[key] = run_scopes(claims)
+            scopes = self._scopes[key] = run_scopes(*key)
         fence = stops.fence(scopes)
         if fence > claims.generation:
             return refusal.lease_invalid(

@@ -20,14 +20,14 @@ from mcp_types import INVALID_PARAMS
 
 from haltwire import refusal
 from haltwire.ceilings import Ceilings
-from haltwire.gateway.leases import LEASE_META, LeaseCheck, without_lease
+from haltwire.gateway.leases import LeaseCheck, without_lease
 from haltwire.gateway.stops import StopWatch
 from haltwire.gateway.upstreams import Progress, Upstreams, UpstreamUnavailable
 from haltwire.identity import Identity
 from haltwire.killswitch import SuspensionFile
 from haltwire.refusal import Refusal
 from haltwire.store.counters import CountersUnavailable
-from haltwire.tokens import LeaseClaims
+from haltwire.tokens import LEASE_META, LeaseClaims
 
 log = logging.getLogger("haltwire.gateway")
 

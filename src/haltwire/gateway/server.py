@@ -13,10 +13,10 @@ import mcp.types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 
-from haltwire.gateway.leases import LEASE_HEADER
 from haltwire.gateway.proxy import Gateway
 from haltwire.identity import Identity
 from haltwire.refusal import Refusal
+from haltwire.tokens import LEASE_HEADER
 
 IDENTITY_STATE_KEY = "haltwire.identity"
 

@@ -1,0 +1,167 @@
+"""The lease desk: whether a run may have a lease, and the signed grant when it may.
+
+Policy only (no HTTP). The desk keeps a ``StopSet`` mirror of the stop registry and catches
+it up at the start of every registration and renewal request: one ``MAX(revision)`` query,
+and the new changes only when the registry has moved. So a stop written by any replica
+sharing the registry is seen by the next renewal on every replica, without waiting for a
+push. A grant's fencing generation is the mirror's revision at the check: every stop up to
+that revision was looked at, and a stop issued after it (even one cleared since) fences
+the token at the gateway.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import anyio
+
+from haltwire.config import LeaseKeysSection
+from haltwire.control.config import AgentClass, ControlConfig
+from haltwire.refusal import stopped
+from haltwire.stopset import StopSet
+from haltwire.store.registry import Registry
+from haltwire.store.runs import RunRecord
+from haltwire.tokens import LeaseClaims, LeaseKeys
+
+#: Refusals remembered for audit-once; cleared when full (a refusal may then be audited again).
+_NOTED_MAX: Final = 100_000
+_PAGE: Final = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A lease, as the control plane answers it (the GRANT object of the API)."""
+
+    run_id: str
+    token: str
+    expires_at: float
+    ttl_s: float
+    renew_every_s: float
+    renew_timeout_s: float
+    generation: int
+
+    def json(self) -> dict[str, Any]:
+        # Spelled out: dataclasses.asdict deep-copies, and a batch answers up to 1000 of these.
+        return {
+            "run_id": self.run_id,
+            "token": self.token,
+            "expires_at": self.expires_at,
+            "ttl_s": self.ttl_s,
+            "renew_every_s": self.renew_every_s,
+            "renew_timeout_s": self.renew_timeout_s,
+            "generation": self.generation,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRefused:
+    """Why a run gets no lease: an HTTP status and the API's ``error`` object."""
+
+    status: int
+    error: dict[str, Any]
+
+    @property
+    def code(self) -> str:
+        return str(self.error["code"])
+
+
+def refused(status: int, code: str, message: str, **extra: Any) -> LeaseRefused:
+    return LeaseRefused(status, {"code": code, "message": message, "retryable": False, **extra})
+
+
+class LeaseDesk:
+    """Holds the signing keys, the agent classes, the stop mirror and the clock."""
+
+    def __init__(
+        self,
+        keys: LeaseKeys,
+        classes: Mapping[str, AgentClass],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if keys.signing is None:
+            raise ValueError("the lease desk signs tokens; its keys need a signing key")
+        self.keys = keys
+        self.classes = dict(classes)
+        self.clock = clock
+        self.stops = StopSet()
+        self._lock = anyio.Lock()
+        self._noted: set[tuple[str, str]] = set()
+
+    @classmethod
+    def from_config(cls, config: ControlConfig) -> LeaseDesk | None:
+        """The desk for ``config``; None when it has no ``[leases]`` (no leases are granted)."""
+        section: LeaseKeysSection | None = config.leases
+        if section is None:
+            return None
+        return cls(section.lease_keys(), config.agent_classes)
+
+    def agent_class(self, name: str) -> AgentClass:
+        """The run's class; a class since removed from the config falls back to ``default``."""
+        return self.classes.get(name) or self.classes["default"]
+
+    async def catch_up(self, registry: Registry) -> None:
+        """Apply the registry's changes past the mirror's revision, if there are any."""
+        if await registry.revision() <= self.stops.revision:
+            return
+        async with self._lock:  # one request applies the changes; the others then find none new
+            while True:
+                changes = await registry.changes_since(self.stops.revision, limit=_PAGE)
+                for change in changes:
+                    self.stops.apply(change.kind, change.stop, change.revision)
+                if len(changes) < _PAGE:
+                    return
+
+    def check(self, run: RunRecord, now: float | None = None) -> LeaseRefused | None:
+        """Why ``run`` may not have a lease now, or None when it may."""
+        if run.ended:
+            return refused(409, "run_ended", f"run {run.run_id} has ended; it gets no more leases")
+        if not len(self.stops):  # the common case: no active stop anywhere, no scopes to build
+            return None
+        hit = self.stops.match(run.scopes, self.clock() if now is None else now)
+        if hit is not None:
+            scope, stop = hit
+            return LeaseRefused(409, stopped(str(scope), stop.stop_id, stop.reason).error())
+        return None
+
+    def grant(self, run: RunRecord) -> Grant | LeaseRefused:
+        """A signed lease for ``run``, or why it gets none."""
+        now = self.clock()
+        generation = self.stops.revision  # read before the check: the check covers it
+        refusal = self.check(run, now)
+        if refusal is not None:
+            return refusal
+        timing = self.agent_class(run.agent_class)
+        claims = LeaseClaims(
+            run=run.run_id,
+            agent=run.agent,
+            tenant=run.tenant,
+            version=run.version,
+            generation=generation,
+            issued_at=now,
+            expires_at=now + timing.ttl_s,
+        )
+        return Grant(
+            run_id=run.run_id,
+            token=self.keys.sign(claims),
+            expires_at=claims.expires_at,
+            ttl_s=timing.ttl_s,
+            renew_every_s=timing.renew_every_s,
+            renew_timeout_s=timing.renew_timeout_s,
+            generation=generation,
+        )
+
+    def first_refusal(self, run_id: str, refusal: LeaseRefused) -> bool:
+        """True the first time ``run_id`` is refused for this reason (a stop id, or the code).
+
+        A refused run keeps renewing until it notices; the audit log records it once.
+        """
+        key = (run_id, str(refusal.error.get("stop_id", refusal.code)))
+        if key in self._noted:
+            return False
+        if len(self._noted) >= _NOTED_MAX:
+            self._noted.clear()
+        self._noted.add(key)
+        return True

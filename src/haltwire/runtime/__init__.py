@@ -1,0 +1,22 @@
+"""The runtime SDK, inside the agent process: a run's lease, the guard, the MCP helper."""
+
+from haltwire.runtime.client import ControlClient, ControlRefused, ControlUnreachable, Grant, Registration
+from haltwire.runtime.guard import Guard
+from haltwire.runtime.lease import Lease, StopNotice, StopRequested
+from haltwire.runtime.mcp import LeasedTools
+from haltwire.tokens import LEASE_META, RUN_META
+
+__all__ = [
+    "LEASE_META",
+    "RUN_META",
+    "ControlClient",
+    "ControlRefused",
+    "ControlUnreachable",
+    "Grant",
+    "Guard",
+    "Lease",
+    "LeasedTools",
+    "Registration",
+    "StopNotice",
+    "StopRequested",
+]

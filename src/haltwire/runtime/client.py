@@ -1,0 +1,180 @@
+"""The control plane's API as an agent runtime uses it: runs, lease renewals, checkpoints, the watch.
+
+A thin typed client over ``httpx2``. Every answer the control plane refuses (a 4xx with an
+``error`` body) raises ``ControlRefused`` carrying that body; anything else that goes wrong
+on the way (connection refused, timeout, a 5xx) raises ``ControlUnreachable``. The lease
+treats the two differently: a refusal ends the run, an unreachable control plane only fails
+to extend it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+
+
+class ControlUnreachable(Exception):
+    """The control plane did not answer, or answered 5xx. The lease is not extended."""
+
+
+class ControlRefused(Exception):
+    """The control plane refused (4xx). ``error`` is its ``{"code", "message", ...}`` body."""
+
+    def __init__(self, status: int, error: dict[str, Any]) -> None:
+        super().__init__(f"{status} {error.get('code', '?')}: {error.get('message', '')}")
+        self.status = status
+        self.error = error
+
+    @property
+    def code(self) -> str:
+        return str(self.error.get("code", ""))
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """One lease grant, as the control plane answers a registration or a renewal."""
+
+    run_id: str
+    token: str
+    expires_at: float
+    ttl_s: float
+    renew_every_s: float
+    renew_timeout_s: float
+    generation: int
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Grant:
+        return cls(
+            run_id=str(data["run_id"]),
+            token=str(data["token"]),
+            expires_at=float(data["expires_at"]),
+            ttl_s=float(data["ttl_s"]),
+            renew_every_s=float(data["renew_every_s"]),
+            renew_timeout_s=float(data["renew_timeout_s"]),
+            generation=int(data["generation"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    run: dict[str, Any]
+    grant: Grant
+    #: The latest checkpoint of the run this one resumes from, if any.
+    checkpoint: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class Renewals:
+    granted: dict[str, Grant] = field(default_factory=dict)
+    refused: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+class ControlClient:
+    """``async with ControlClient(url, token) as control: ...`` (an agent-role token)."""
+
+    def __init__(self, url: str, token: str, *, timeout_s: float = 5.0) -> None:
+        self.url = url.rstrip("/")
+        self._http = httpx2.AsyncClient(
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=httpx2.Timeout(timeout_s),
+        )
+
+    async def __aenter__(self) -> ControlClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _call(self, method: str, path: str, body: Any = None) -> Any:
+        try:
+            r = await self._http.request(method, path, json=body)
+        except httpx2.HTTPError as exc:
+            raise ControlUnreachable(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        if r.status_code >= 500:
+            raise ControlUnreachable(f"{method} {path}: HTTP {r.status_code}")
+        try:
+            data = r.json()
+        except ValueError:
+            raise ControlUnreachable(f"{method} {path}: HTTP {r.status_code} without a JSON body") from None
+        if r.status_code >= 400:
+            error = data.get("error") if isinstance(data, dict) else None
+            raise ControlRefused(r.status_code, error if isinstance(error, dict) else {"message": str(data)})
+        return data
+
+    async def register_run(
+        self,
+        *,
+        run_id: str | None = None,
+        tools: Sequence[str] = (),
+        agent_class: str = "default",
+        resume_from: str | None = None,
+    ) -> Registration:
+        body: dict[str, Any] = {"tools": list(tools), "agent_class": agent_class}
+        if run_id is not None:
+            body["run_id"] = run_id
+        if resume_from is not None:
+            body["resume_from"] = resume_from
+        data = await self._call("POST", "/v1/runs", body)
+        return Registration(data["run"], Grant.from_json(data["lease"]), data.get("checkpoint"))
+
+    async def renew(self, run_id: str) -> Grant:
+        return Grant.from_json(await self._call("POST", f"/v1/runs/{run_id}/lease"))
+
+    async def renew_many(self, run_ids: Sequence[str]) -> Renewals:
+        """One request for many runs (a runtime hosting many runs)."""
+        data = await self._call("POST", "/v1/leases/renew", {"runs": list(run_ids)})
+        return Renewals(
+            {run: Grant.from_json(g) for run, g in data.get("leases", {}).items()},
+            dict(data.get("refused", {})),
+        )
+
+    async def end_run(self, run_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self._call("POST", f"/v1/runs/{run_id}/end")
+        return result
+
+    async def save_checkpoint(self, run_id: str, data: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = await self._call("PUT", f"/v1/runs/{run_id}/checkpoint", {"data": data})
+        return result
+
+    async def latest_checkpoint(self, run_id: str) -> dict[str, Any] | None:
+        try:
+            result: dict[str, Any] = await self._call("GET", f"/v1/runs/{run_id}/checkpoint")
+        except ControlRefused as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return result
+
+    async def watch(self, since: int) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Registry changes after revision ``since`` as ``(kind, change)``, until the stream ends.
+
+        Heartbeats are consumed here. The caller reconnects (from the last revision it saw).
+        """
+        headers = {"Last-Event-ID": str(since)}
+        try:
+            async with self._http.stream(
+                "GET", "/v1/watch", headers=headers, timeout=httpx2.Timeout(10.0, read=None)
+            ) as response:
+                if response.status_code != 200:
+                    raise ControlUnreachable(f"GET /v1/watch: HTTP {response.status_code}")
+                event: dict[str, str] = {}
+                async for line in response.aiter_lines():
+                    if line.startswith(":"):
+                        continue
+                    if line:
+                        key, _, value = line.partition(":")
+                        event[key] = value.removeprefix(" ")
+                        continue
+                    kind, data, event = event.get("event", "message"), event.get("data", ""), {}
+                    if kind in ("stop", "clear"):
+                        yield kind, json.loads(data)
+        except httpx2.HTTPError as exc:
+            raise ControlUnreachable(f"GET /v1/watch: {type(exc).__name__}: {exc}") from exc

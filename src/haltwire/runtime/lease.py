@@ -1,0 +1,223 @@
+"""A run's lease inside the agent process: level 1 of the stop ladder.
+
+``Lease.start(control, ...)`` registers a run and holds its lease for the ``async with``
+block. It owns three tasks, all cancelled when the block exits:
+
+- renewal: every ``renew_every_s``. A refusal (a stop matches the run, the run ended) ends
+  the lease at once; a failure or a timeout never extends it, so it ages out;
+- expiry: ends the lease when its local deadline passes;
+- the watch (push): a stop on one of the run's scopes ends the lease as soon as it is
+  pushed, without waiting for the next renewal.
+
+Expiry is judged on the local monotonic clock from when the granting request was *sent*
+(the grant may have sat in a queue; the wall clock may jump), and at ``renew_timeout_s``
+rather than ``ttl_s``: the runtime gives up before the gateway would refuse it, so it does
+not start work it could not finish. ``require()`` raises ``StopRequested`` once the lease
+has ended; ``ended`` is an event for code that must cancel work in flight (``Guard``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from haltwire.runtime.client import ControlClient, ControlRefused, ControlUnreachable, Grant, Registration
+from haltwire.scope import Scope, run_scopes
+
+log = logging.getLogger("haltwire.runtime")
+
+_WATCH_RETRY_MIN_S = 0.2
+_WATCH_RETRY_MAX_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class StopNotice:
+    """Why a run must stop: a refusal code and, for ``stopped``, the stop that matched."""
+
+    code: str
+    message: str
+    scope: str | None = None
+    stop_id: str | None = None
+    reason: str | None = None
+
+    @classmethod
+    def from_error(cls, error: dict[str, Any]) -> StopNotice:
+        return cls(
+            code=str(error.get("code", "refused")),
+            message=str(error.get("message", "the control plane refused the lease")),
+            scope=error.get("scope"),
+            stop_id=error.get("stop_id"),
+            reason=error.get("reason"),
+        )
+
+
+class StopRequested(Exception):
+    """The run must stop now. ``notice`` says why."""
+
+    def __init__(self, notice: StopNotice) -> None:
+        super().__init__(notice.message)
+        self.notice = notice
+
+
+class Lease:
+    def __init__(
+        self,
+        control: ControlClient,
+        registration: Registration,
+        *,
+        sent_at: float,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.control = control
+        self.run: dict[str, Any] = registration.run
+        self.run_id: str = registration.grant.run_id
+        run = registration.run
+        self.scopes = run_scopes(
+            str(run["run_id"]), str(run["agent"]), str(run["tenant"]), str(run["version"])
+        )
+        #: The checkpoint this run resumed from (``resume_from``), if any.
+        self.checkpoint = registration.checkpoint
+        self._monotonic = monotonic
+        self._grant = registration.grant
+        self._deadline = sent_at + registration.grant.renew_timeout_s
+        self._last_attempt = sent_at
+        #: Why the lease ended; None while it holds.
+        self.notice: StopNotice | None = None
+        #: Set once the lease has ended (refused, stopped, or run out).
+        self.ended = anyio.Event()
+
+    @classmethod
+    @asynccontextmanager
+    async def start(
+        cls,
+        control: ControlClient,
+        *,
+        run_id: str | None = None,
+        tools: Sequence[str] = (),
+        agent_class: str = "default",
+        resume_from: str | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        push: bool = True,
+    ) -> AsyncIterator[Lease]:
+        """Register a run and hold its lease; ``StopRequested`` if a stop already matches it."""
+        sent = monotonic()
+        try:
+            registration = await control.register_run(
+                run_id=run_id, tools=tools, agent_class=agent_class, resume_from=resume_from
+            )
+        except ControlRefused as exc:
+            if exc.code == "stopped":
+                raise StopRequested(StopNotice.from_error(exc.error)) from None
+            raise
+        lease = cls(control, registration, sent_at=sent, monotonic=monotonic)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lease._renew_forever)
+            tg.start_soon(lease._expire_on_time)
+            if push:
+                tg.start_soon(lease._follow_watch)
+            try:
+                yield lease
+            finally:
+                tg.cancel_scope.cancel()  # the lease's tasks end with the block
+
+    # -- the checks --------------------------------------------------------------------------
+
+    @property
+    def token(self) -> str:
+        return self._grant.token
+
+    @property
+    def generation(self) -> int:
+        return self._grant.generation
+
+    def remaining_s(self) -> float:
+        """Seconds left on the local clock; 0 once ended."""
+        return 0.0 if self.notice is not None else max(0.0, self._deadline - self._monotonic())
+
+    def require(self) -> str:
+        """The lease token, or ``StopRequested`` once the lease has ended or run out."""
+        if self.notice is None and self._monotonic() >= self._deadline:
+            self._end(self._ran_out())
+        if self.notice is not None:
+            raise StopRequested(self.notice)
+        return self._grant.token
+
+    async def save_checkpoint(self, data: dict[str, Any]) -> dict[str, Any]:
+        """Save where the run is, for a later run to ``resume_from`` after a stop is cleared."""
+        return await self.control.save_checkpoint(self.run_id, data)
+
+    # -- the tasks ---------------------------------------------------------------------------
+
+    def _end(self, notice: StopNotice) -> None:
+        if self.notice is None:
+            self.notice = notice
+            self.ended.set()
+            log.warning("run %s: lease ended: %s", self.run_id, notice.message)
+
+    def _ran_out(self) -> StopNotice:
+        return StopNotice(
+            "lease_expired",
+            f"the lease of run {self.run_id} ran out: not renewed for {self._grant.renew_timeout_s:g} s",
+        )
+
+    def _granted(self, grant: Grant, sent: float) -> None:
+        # Never revive an ended lease: a stop or an expiry is final for this run.
+        if self.notice is None and sent + grant.renew_timeout_s > self._deadline:
+            self._grant, self._deadline = grant, sent + grant.renew_timeout_s
+
+    async def _renew_forever(self) -> None:
+        while self.notice is None:
+            await anyio.sleep(max(0.0, self._last_attempt + self._grant.renew_every_s - self._monotonic()))
+            sent = self._last_attempt = self._monotonic()
+            budget = min(self._grant.renew_every_s, self._deadline - sent)
+            if budget <= 0:
+                return  # run out: the expiry task ends it
+            try:
+                # A renewal slower than the interval is abandoned (its answer would be stale).
+                with anyio.fail_after(budget):
+                    grant = await self.control.renew(self.run_id)
+            except ControlRefused as exc:
+                self._end(StopNotice.from_error(exc.error))
+                return
+            except (ControlUnreachable, TimeoutError) as exc:
+                log.warning("run %s: renewal failed (%s); the lease is not extended", self.run_id, exc)
+                continue
+            self._granted(grant, sent)
+
+    async def _expire_on_time(self) -> None:
+        while self.notice is None:
+            remaining = self._deadline - self._monotonic()
+            if remaining <= 0:
+                self._end(self._ran_out())
+                return
+            await anyio.sleep(remaining)
+
+    async def _follow_watch(self) -> None:
+        since, delay = self._grant.generation, _WATCH_RETRY_MIN_S
+        while self.notice is None:
+            try:
+                async for kind, change in self.control.watch(since):
+                    since, delay = int(change["revision"]), _WATCH_RETRY_MIN_S
+                    stop = change["stop"]
+                    if kind == "stop" and Scope.parse(stop["scope"]) in self.scopes:
+                        self._end(
+                            StopNotice(
+                                "stopped",
+                                f"run {self.run_id} was stopped ({stop['scope']}): {stop['reason']}",
+                                scope=stop["scope"],
+                                stop_id=stop["stop_id"],
+                                reason=stop["reason"],
+                            )
+                        )
+                        return
+            except ControlUnreachable as exc:
+                # Push is the fast path only; the renewal and the expiry still bound the stop.
+                log.info("run %s: watch lost (%s); retrying in %.1f s", self.run_id, exc, delay)
+            await anyio.sleep(delay)
+            delay = min(delay * 2, _WATCH_RETRY_MAX_S)
