@@ -6,7 +6,7 @@ The ``fast`` agent class (ttl 3 s, renew every 1 s, give up after 2 s) keeps the
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from haltwire.runtime import (
     Guard,
     Lease,
     LeasedTools,
+    LeasePool,
     StopRequested,
 )
 from haltwire.serve import serving
@@ -294,3 +295,61 @@ async def test_with_the_control_plane_gone_a_runtime_that_never_checks_is_refuse
             refused_at = time.time()
             assert (result.structured_content or {})["error"]["code"] == "lease_expired"
             assert refused_at <= ttl_ends + 1.0
+
+
+# -- many runs in one runtime -------------------------------------------------------------------
+
+
+class CountingClient(ControlClient):
+    """The real client, counting the renewal requests it sends."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url, OPS["token"], timeout_s=2)
+        self.single = self.batches = 0
+
+    async def renew(self, run_id: str) -> Any:
+        self.single += 1
+        return await super().renew(run_id)
+
+    async def renew_many(self, run_ids: Sequence[str]) -> Any:
+        self.batches += 1
+        return await super().renew_many(run_ids)
+
+
+async def test_a_pool_renews_many_runs_in_one_request_and_a_stop_ends_exactly_its_runs(
+    tmp_path: Path,
+) -> None:
+    async with (
+        control_plane(tmp_path / "c.db") as url,
+        CountingClient(url) as control,
+        LeasePool.open(control) as pool,
+    ):
+        leases = [await pool.start_run(agent_class="fast") for _ in range(30)]
+        tokens = [lease.require() for lease in leases]
+        await anyio.sleep(2.6)  # past renew_timeout_s: only renewals keep them alive
+        assert all(lease.require() != token for lease, token in zip(leases, tokens, strict=True))
+        # One request per interval for all 30 runs (registering them spans a few intervals).
+        assert control.single == 0 and 2 <= control.batches < 10
+
+        one = await stop(url, f"run:{leases[0].run_id}")
+        await ended_within(leases[0], 0.9)
+        assert leases[0].notice is not None and leases[0].notice.stop_id == one["stop_id"]
+        assert all(lease.notice is None for lease in leases[1:])
+        assert len(pool) == 29
+
+        everyone = await stop(url, "tenant:acme")
+        for lease in leases[1:]:
+            await ended_within(lease, 0.9)
+            assert lease.notice is not None and lease.notice.stop_id == everyone["stop_id"]
+        assert len(pool) == 0
+
+
+async def test_a_pool_whose_control_plane_is_gone_ends_every_run_within_renew_timeout(tmp_path: Path) -> None:
+    async with stoppable_plane(tmp_path / "c.db") as (url, shut_down):
+        async with agent(url) as control, LeasePool.open(control, push=False) as pool:
+            leases = [await pool.start_run(agent_class="fast") for _ in range(10)]
+            await anyio.sleep(1.2)
+            await shut_down()
+            for lease in leases:
+                await ended_within(lease, 2.0 + 1.5)
+                assert lease.notice is not None and lease.notice.code == "lease_expired"

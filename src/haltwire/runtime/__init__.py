@@ -4,6 +4,7 @@ from haltwire.runtime.client import ControlClient, ControlRefused, ControlUnreac
 from haltwire.runtime.guard import Guard
 from haltwire.runtime.lease import Lease, StopNotice, StopRequested
 from haltwire.runtime.mcp import LeasedTools
+from haltwire.runtime.pool import LeasePool
 from haltwire.tokens import LEASE_META, RUN_META
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "Grant",
     "Guard",
     "Lease",
+    "LeasePool",
     "LeasedTools",
     "Registration",
     "StopNotice",

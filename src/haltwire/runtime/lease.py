@@ -6,8 +6,11 @@ block. It owns three tasks, all cancelled when the block exits:
 - renewal: every ``renew_every_s``. A refusal (a stop matches the run, the run ended) ends
   the lease at once; a failure or a timeout never extends it, so it ages out;
 - expiry: ends the lease when its local deadline passes;
-- the watch (push): a stop on one of the run's scopes ends the lease as soon as it is
-  pushed, without waiting for the next renewal.
+- the watch (push, ``follow_stops``): a stop on one of the run's scopes ends the lease as
+  soon as it is pushed, without waiting for the next renewal.
+
+A runtime hosting many runs uses ``LeasePool`` instead: one batched renewal and one watch
+for all of them.
 
 Expiry is judged on the local monotonic clock from when the granting request was *sent*
 (the grant may have sat in a queue; the wall clock may jump), and at ``renew_timeout_s``
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -93,6 +96,30 @@ class Lease:
         self.ended = anyio.Event()
 
     @classmethod
+    async def register(
+        cls,
+        control: ControlClient,
+        *,
+        run_id: str | None = None,
+        tools: Sequence[str] = (),
+        agent_class: str = "default",
+        resume_from: str | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> Lease:
+        """Register a run; its lease, not yet renewed by anyone. ``StopRequested`` if a stop
+        already matches it. ``Lease.start`` and ``LeasePool`` renew it."""
+        sent = monotonic()
+        try:
+            registration = await control.register_run(
+                run_id=run_id, tools=tools, agent_class=agent_class, resume_from=resume_from
+            )
+        except ControlRefused as exc:
+            if exc.code == "stopped":
+                raise StopRequested(StopNotice.from_error(exc.error)) from None
+            raise
+        return cls(control, registration, sent_at=sent, monotonic=monotonic)
+
+    @classmethod
     @asynccontextmanager
     async def start(
         cls,
@@ -105,22 +132,21 @@ class Lease:
         monotonic: Callable[[], float] = time.monotonic,
         push: bool = True,
     ) -> AsyncIterator[Lease]:
-        """Register a run and hold its lease; ``StopRequested`` if a stop already matches it."""
-        sent = monotonic()
-        try:
-            registration = await control.register_run(
-                run_id=run_id, tools=tools, agent_class=agent_class, resume_from=resume_from
-            )
-        except ControlRefused as exc:
-            if exc.code == "stopped":
-                raise StopRequested(StopNotice.from_error(exc.error)) from None
-            raise
-        lease = cls(control, registration, sent_at=sent, monotonic=monotonic)
+        """Register a run and hold its lease for the block; ``StopRequested`` if a stop already
+        matches it."""
+        lease = await cls.register(
+            control,
+            run_id=run_id,
+            tools=tools,
+            agent_class=agent_class,
+            resume_from=resume_from,
+            monotonic=monotonic,
+        )
         async with anyio.create_task_group() as tg:
             tg.start_soon(lease._renew_forever)
             tg.start_soon(lease._expire_on_time)
             if push:
-                tg.start_soon(lease._follow_watch)
+                tg.start_soon(follow_stops, control, lease.generation, lambda: [lease])
             try:
                 yield lease
             finally:
@@ -135,6 +161,15 @@ class Lease:
     @property
     def generation(self) -> int:
         return self._grant.generation
+
+    @property
+    def renew_every_s(self) -> float:
+        return self._grant.renew_every_s
+
+    @property
+    def deadline(self) -> float:
+        """When the lease runs out, on the local monotonic clock."""
+        return self._deadline
 
     def remaining_s(self) -> float:
         """Seconds left on the local clock; 0 once ended."""
@@ -198,26 +233,39 @@ class Lease:
                 return
             await anyio.sleep(remaining)
 
-    async def _follow_watch(self) -> None:
-        since, delay = self._grant.generation, _WATCH_RETRY_MIN_S
-        while self.notice is None:
-            try:
-                async for kind, change in self.control.watch(since):
-                    since, delay = int(change["revision"]), _WATCH_RETRY_MIN_S
-                    stop = change["stop"]
-                    if kind == "stop" and Scope.parse(stop["scope"]) in self.scopes:
-                        self._end(
-                            StopNotice(
-                                "stopped",
-                                f"run {self.run_id} was stopped ({stop['scope']}): {stop['reason']}",
-                                scope=stop["scope"],
-                                stop_id=stop["stop_id"],
-                                reason=stop["reason"],
-                            )
-                        )
-                        return
-            except ControlUnreachable as exc:
-                # Push is the fast path only; the renewal and the expiry still bound the stop.
-                log.info("run %s: watch lost (%s); retrying in %.1f s", self.run_id, exc, delay)
-            await anyio.sleep(delay)
-            delay = min(delay * 2, _WATCH_RETRY_MAX_S)
+    def _stopped(self, stop: dict[str, Any]) -> None:
+        self._end(
+            StopNotice(
+                "stopped",
+                f"run {self.run_id} was stopped ({stop['scope']}): {stop['reason']}",
+                scope=stop["scope"],
+                stop_id=stop["stop_id"],
+                reason=stop["reason"],
+            )
+        )
+
+
+async def follow_stops(control: ControlClient, since: int, live: Callable[[], Collection[Lease]]) -> None:
+    """Push: end each live lease that a stop on the watch covers, as soon as it arrives.
+
+    Follows the watch from revision ``since`` (a grant's generation: every later change is
+    news), reconnecting with a backoff, until no lease is live. Losing the watch ends no
+    lease: renewal and expiry still bound the stop.
+    """
+    delay = _WATCH_RETRY_MIN_S
+    while live():
+        try:
+            async for kind, change in control.watch(since):
+                since, delay = int(change["revision"]), _WATCH_RETRY_MIN_S
+                if kind != "stop":
+                    continue
+                stop = change["stop"]
+                scope = Scope.parse(stop["scope"])
+                for lease in [lease for lease in live() if scope in lease.scopes]:
+                    lease._stopped(stop)
+                if not live():
+                    return
+        except ControlUnreachable as exc:
+            log.info("watch lost (%s); retrying in %.1f s", exc, delay)
+        await anyio.sleep(delay)
+        delay = min(delay * 2, _WATCH_RETRY_MAX_S)
