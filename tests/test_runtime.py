@@ -27,6 +27,7 @@ from haltwire.runtime import (
 )
 from haltwire.serve import serving
 from harness import config_dict, connect, running_gateway, running_upstream
+from tcp_proxy import TcpProxy
 from test_control import TOKEN
 from test_leases_api import LEASES
 from test_leases_api import config_dict as control_config
@@ -353,3 +354,47 @@ async def test_a_pool_whose_control_plane_is_gone_ends_every_run_within_renew_ti
             for lease in leases:
                 await ended_within(lease, 2.0 + 1.5)
                 assert lease.notice is not None and lease.notice.code == "lease_expired"
+
+
+async def test_a_blocked_control_port_ends_the_lease_within_renew_timeout(tmp_path: Path) -> None:
+    # Silence, not refusal: every renewal hangs until the runtime abandons it.
+    async with (
+        control_plane(tmp_path / "c.db") as url,
+        TcpProxy.running(int(url.rsplit(":", 1)[1])) as proxy,
+        agent(proxy.url) as control,
+        Lease.start(control, agent_class="fast", push=False) as lease,
+    ):
+        await anyio.sleep(1.2)
+        assert lease.require()
+        proxy.block()
+        took = await ended_within(lease, 2.0 + 1.5)
+        assert lease.notice is not None and lease.notice.code == "lease_expired"
+        assert took <= 2.0 + 1.5
+
+
+async def test_without_push_a_runtime_that_never_checks_is_refused_within_one_ttl_of_a_stop(
+    tmp_path: Path,
+) -> None:
+    # The gateway follows no control plane: only the refused renewal, then expiry, stop the run.
+    async with (
+        control_plane(tmp_path / "c.db") as url,
+        running_upstream() as (_, up),
+        running_gateway(config_dict(up, leases={"keys": LEASES["keys"]})) as (_, mcp_url),
+        connect(mcp_url, "tok-ops") as client,
+        agent(url) as control,
+        Lease.start(control, agent_class="fast", push=False) as lease,
+    ):
+
+        async def refusal() -> str | None:
+            meta: Any = {"io.haltwire/lease": lease.token}  # the newest token, never require()
+            result = await client.call_tool("lookup_order", {"order_id": "A-1"}, meta=meta)
+            return (result.structured_content or {})["error"]["code"] if result.is_error else None
+
+        assert await refusal() is None
+        await stop(url, f"run:{lease.run_id}")
+        stopped_at = time.monotonic()
+        with anyio.fail_after(3.0 + 2.0):  # ttl_s of the fast class, plus slack
+            while (code := await refusal()) is None:
+                await anyio.sleep(0.05)
+        assert code == "lease_expired"
+        assert time.monotonic() - stopped_at <= 3.0 + 1.0
