@@ -496,3 +496,18 @@ async def test_two_gateways_slot_ids_never_collide_in_a_shared_store(redis_store
         await first.release()
         fourth = await gateway_b.admit(ops, "lookup_order")
         assert isinstance(fourth, Ticket)
+
+
+async def test_memory_counters_forget_keys_whose_windows_are_long_over() -> None:
+    from haltwire.store.counters import BudgetCounter
+    from haltwire.store.counters.memory import MemoryCounters
+
+    store = MemoryCounters()
+    for run in range(5000):  # one key per run, as a per-run step budget makes
+        budget = BudgetCounter(f"ops:r:run-{run}", window=0, limit=10, window_ends_at=100.0)
+        assert (await store.admit([budget], [], "s", now=50.0)).admitted
+    assert len(store) == 5000
+    live = BudgetCounter("ops:r:live", window=0, limit=10, window_ends_at=10_000.0)
+    for _ in range(4096):  # enough admissions to trigger a sweep, a minute after the runs' windows
+        await store.admit([live], [], "s", now=161.0)
+    assert len(store) == 1, "only the key whose window is still open is kept"

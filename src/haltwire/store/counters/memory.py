@@ -16,12 +16,19 @@ from collections.abc import Sequence
 
 from haltwire.store.counters import ADMITTED, BudgetCounter, Decision, SlotCounter
 
+_SWEEP_EVERY = 4096
+_GRACE_S = 60.0
+
 
 class MemoryCounters:
     def __init__(self) -> None:
         # key -> {window number: calls counted in it}; only the newest two windows of a key
         # are kept, so memory stays bounded.
         self._budgets: dict[str, dict[int, int]] = {}
+        # key -> when its newest window ends; keys whose windows are over are swept now and
+        # then, so per-run keys (one per run) do not pile up for the life of the process.
+        self._ends: dict[str, float] = {}
+        self._admits = 0
         # key -> ids of the admissions holding a slot.
         self._slots: dict[str, set[str]] = {}
 
@@ -40,9 +47,24 @@ class MemoryCounters:
             newest = max(counts)
             for old in [w for w in counts if w < newest - 1]:
                 del counts[old]
+            self._ends[b.key] = max(self._ends.get(b.key, 0.0), b.window_ends_at)
+        self._admits += 1
+        if self._admits % _SWEEP_EVERY == 0:
+            self._sweep(now)
         for s in slots:
             self._slots.setdefault(s.key, set()).add(slot_id)
         return ADMITTED
+
+    def _sweep(self, now: float) -> None:
+        # A window over for a minute cannot be counted in again: a late call is late by
+        # microseconds (the window is stamped just before admit), not by a minute.
+        for key in [k for k, ends in self._ends.items() if ends < now - _GRACE_S]:
+            del self._ends[key]
+            self._budgets.pop(key, None)
+
+    def __len__(self) -> int:
+        """How many budget keys are held."""
+        return len(self._budgets)
 
     async def release(self, slots: Sequence[SlotCounter], slot_id: str) -> None:
         for s in slots:
