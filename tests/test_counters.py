@@ -507,7 +507,7 @@ async def test_memory_counters_forget_keys_whose_windows_are_long_over() -> None
         budget = BudgetCounter(f"ops:r:run-{run}", window=0, limit=10, window_ends_at=100.0)
         assert (await store.admit([budget], [], "s", now=50.0)).admitted
     assert len(store) == 5000
-    live = BudgetCounter("ops:r:live", window=0, limit=10, window_ends_at=10_000.0)
+    live = BudgetCounter("ops:r:live", window=0, limit=10_000, window_ends_at=10_000.0)
     for _ in range(4096):  # enough admissions to trigger a sweep, a minute after the runs' windows
         await store.admit([live], [], "s", now=161.0)
     assert len(store) == 1, "only the key whose window is still open is kept"
