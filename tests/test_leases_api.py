@@ -445,11 +445,12 @@ async def test_every_run_endpoint_against_every_role_and_no_token(tmp_path: Path
 async def test_the_desk_pages_through_changes_and_judges_stop_expiry_by_its_clock(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from haltwire import stopset
     from haltwire.control import leases
     from haltwire.control.config import AgentClass
     from haltwire.store.registry.sqlite import SqliteRegistry
 
-    monkeypatch.setattr(leases, "_PAGE", 2)  # five changes: three pages
+    monkeypatch.setattr(stopset, "_PAGE", 2)  # five changes: three pages
     now = 1_800_000_000.0
     clock = [now]
     desk = leases.LeaseDesk(

@@ -53,6 +53,8 @@ generation.max-examples = 10
 
 #: Lease keys (plain secrets: development only) and a second agent, to be refused another's run.
 LEASES = {"signing_key": "k1", "keys": [{"kid": "k1", "secret": "k1-secret-" + "x" * 32}]}
+#: The credential broker with an ephemeral key (development only).
+BROKER = {"ttl_s": 300, "audiences": ["orders"], "generate": True}
 OTHER_AGENT = {"name": "agent-2", "role": "agent", "token": "tok-agent2", "agent": "a2", "tenant": "beta"}
 
 
@@ -66,6 +68,7 @@ async def control(tmp_path: Path, leases: bool = True) -> AsyncIterator[httpx2.A
     data["identities"].append(OTHER_AGENT)
     if leases:
         data["leases"] = LEASES
+    data["broker"] = BROKER  # a 501 is a server error to schemathesis: the broker is always on
     async with serving(create_app(parse_control_config(data))) as url:
         async with httpx2.AsyncClient(base_url=url, timeout=10) as client:
             yield client

@@ -398,3 +398,22 @@ async def test_without_push_a_runtime_that_never_checks_is_refused_within_one_tt
                 await anyio.sleep(0.05)
         assert code == "lease_expired"
         assert time.monotonic() - stopped_at <= 3.0 + 1.0
+
+
+async def test_exceptions_come_out_as_themselves_not_as_exception_groups(tmp_path: Path) -> None:
+    async with control_plane(tmp_path / "c.db") as url, agent(url) as control:
+        with pytest.raises(StopRequested):  # raised in the block, caught outside it
+            async with Lease.start(control, agent_class="fast") as lease:
+                await stop(url, f"run:{lease.run_id}")
+                await ended_within(lease, 2)
+                lease.require()
+
+        async def broken(token: str) -> None:
+            raise ValueError("the tool's own failure")
+
+        async with Lease.start(control, agent_class="fast") as lease:
+            with pytest.raises(ValueError, match="own failure"):
+                await Guard(lease).call(broken)
+        with pytest.raises(KeyError):
+            async with LeasePool.open(control):
+                raise KeyError("the runtime's own bug")

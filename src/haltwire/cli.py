@@ -72,6 +72,10 @@ def _control(args: argparse.Namespace) -> int:
         config = load_control_config(args.config)
         if config.leases is not None:
             config.leases.lease_keys()  # a secret_env naming an unset variable is a usage error
+        if config.broker is not None and not config.broker.generate:
+            from haltwire.control.broker import BrokerKeys
+
+            BrokerKeys.from_config(config.broker)  # so is a broker key that cannot be loaded
     except ConfigError as exc:
         print(f"haltwire control: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -88,6 +88,15 @@ class IdentityConfig(TokenFields):
     lease: Literal["optional", "required"] = "optional"
     limits: LimitsOverride = Field(default_factory=LimitsOverride)
 
+    def identity(self) -> Identity:
+        return Identity(
+            agent=self.agent,
+            tenant=self.tenant,
+            version=self.version,
+            suspended_at_edge=self.suspended_at_edge,
+            refuse_at=self.refuse_at,
+        )
+
 
 class UpstreamConfig(ConfigModel):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
@@ -214,12 +223,29 @@ class LeaseKeysSection(ConfigModel):
             raise ConfigError(f"leases.keys: {exc}") from None
 
 
+class BrokerLink(ConfigModel):
+    """``[broker]``: accept the control plane's run credentials as bearer tokens.
+
+    A bearer token that is not in the token table and has the JWT shape is verified with the
+    broker's JWKS: the identity is the configured one with the credential's agent (tenant and
+    version must match too), and the credential's run becomes the call's run.
+    """
+
+    jwks_url: str = Field(min_length=1)
+    #: The audience the broker issued the credential for (the ``aud`` claim).
+    audience: str = Field(default="haltwire-gateway", min_length=1)
+    #: An unknown key id refetches the JWKS at most this often.
+    refresh_s: float = Field(default=30.0, gt=0)
+
+
 class GatewayConfig(ConfigModel):
     gateway: GatewaySection = Field(default_factory=GatewaySection)
     counters: CountersSection = Field(default_factory=CountersSection)
     control: ControlLink | None = None
     #: The keys lease tokens are verified with; absent: tokens are ignored, none can be required.
     leases: LeaseKeysSection | None = None
+    #: Run credentials accepted as bearer tokens; absent: only the token table's tokens are.
+    broker: BrokerLink | None = None
     limits: Limits = Field(default_factory=Limits)
     identities: list[IdentityConfig] = Field(default_factory=list)
     upstreams: list[UpstreamConfig] = Field(min_length=1)
@@ -250,6 +276,9 @@ class GatewayConfig(ConfigModel):
                 raise ValueError(
                     "leases.keys: plain 'secret' is accepted only with gateway.development = true; use secret_env"
                 )
+        if self.broker is not None and self.control is None:
+            # A credential is revoked by stops: a gateway that does not follow them cannot tell.
+            raise ValueError("broker: accepting run credentials needs [control] (its stops revoke them)")
         required = [i.agent for i in self.identities if i.lease == "required"]
         if required and self.leases is None:
             raise ValueError(
@@ -274,16 +303,7 @@ class GatewayConfig(ConfigModel):
         return out
 
     def token_table(self) -> TokenTable:
-        by_hash: dict[str, Identity] = {}
-        for i in self.identities:
-            by_hash[i.digest] = Identity(
-                agent=i.agent,
-                tenant=i.tenant,
-                version=i.version,
-                suspended_at_edge=i.suspended_at_edge,
-                refuse_at=i.refuse_at,
-            )
-        return TokenTable(by_hash)
+        return TokenTable({i.digest: i.identity() for i in self.identities})
 
 
 def error_key(loc: tuple[int | str, ...]) -> str:

@@ -1,15 +1,16 @@
 """Running ASGI apps on uvicorn inside an existing event loop, with an owner for each server.
 
-``serving`` is used by the CLI, the demos and the tests: it binds the socket first (so
-port 0 gives a free port and the caller learns it), runs uvicorn in a task of the
-caller's task group, and stops it when the block exits.
+``serving`` is used by the demos and the tests: it binds the socket first (so port 0 gives
+a free port and the caller learns it), runs uvicorn in a task of the caller's task group,
+and stops it when the block exits. ``serve_forever`` is the CLI's: one server per process,
+stopped by SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import anyio
@@ -28,6 +29,19 @@ def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     return sock
 
 
+class InProcessServer(uvicorn.Server):
+    """A uvicorn server that leaves the process's signals alone: its owner stops it.
+
+    uvicorn installs SIGINT/SIGTERM handlers bound to the server, and sse-starlette finds
+    "the" server through the SIGTERM handler to drain event streams at shutdown; with
+    several servers in one process, stopping one would drain the others' streams.
+    """
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 @asynccontextmanager
 async def serving(
     app: Any, host: str = "127.0.0.1", port: int = 0, *, graceful_s: int | None = None
@@ -41,7 +55,7 @@ async def serving(
     config = uvicorn.Config(
         app, lifespan="on", log_level="warning", access_log=False, timeout_graceful_shutdown=graceful_s
     )
-    server = uvicorn.Server(config)
+    server = InProcessServer(config)
     async with anyio.create_task_group() as tg:
         tg.start_soon(server.serve, [sock])
         while not server.started:  # noqa: ASYNC110 - uvicorn exposes a flag, not an event

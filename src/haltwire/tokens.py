@@ -73,6 +73,44 @@ class LeaseClaims:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A lease as the control plane answers a registration or a renewal, and as the runtime
+    reads it: the token and the timing the runtime must keep."""
+
+    run_id: str
+    token: str
+    expires_at: float
+    ttl_s: float
+    renew_every_s: float
+    renew_timeout_s: float
+    generation: int
+
+    def json(self) -> dict[str, Any]:
+        # Spelled out: dataclasses.asdict deep-copies, and a batch answers up to 1000 of these.
+        return {
+            "run_id": self.run_id,
+            "token": self.token,
+            "expires_at": self.expires_at,
+            "ttl_s": self.ttl_s,
+            "renew_every_s": self.renew_every_s,
+            "renew_timeout_s": self.renew_timeout_s,
+            "generation": self.generation,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Grant:
+        return cls(
+            run_id=str(data["run_id"]),
+            token=str(data["token"]),
+            expires_at=float(data["expires_at"]),
+            ttl_s=float(data["ttl_s"]),
+            renew_every_s=float(data["renew_every_s"]),
+            renew_timeout_s=float(data["renew_timeout_s"]),
+            generation=int(data["generation"]),
+        )
+
+
 class LeaseKeys:
     """The keys that verify lease tokens, and (on the control plane) the one that signs.
 

@@ -2,7 +2,8 @@
 
 from haltwire.control.app import ROLES, create_app
 from haltwire.control.config import Caller, ControlConfig, load_control_config, parse_control_config
-from haltwire.control.leases import Grant, LeaseDesk, LeaseRefused
+from haltwire.control.leases import LeaseDesk, LeaseRefused
+from haltwire.tokens import Grant
 
 __all__ = [
     "ROLES",

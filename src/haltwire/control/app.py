@@ -24,6 +24,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from haltwire.control.broker import Broker
+from haltwire.control.broker import routes as broker_routes
 from haltwire.control.config import Caller, ControlConfig
 from haltwire.control.leases import LeaseDesk
 from haltwire.control.openapi import openapi_json
@@ -50,6 +52,9 @@ ROLES: Final[Mapping[str, frozenset[str]]] = {
     "checkpoint.read": frozenset({"agent", "operator", "viewer"}),
     "run.read": frozenset({"operator", "viewer", "executor", "gateway", "tripwire", "agent"}),
     "runs.list": frozenset({"operator", "viewer"}),
+    # The credential broker (haltwire.control.broker): an agent asks for its own runs only.
+    "credential.issue": frozenset({"agent"}),
+    "credentials.read": frozenset({"operator", "viewer", "agent"}),
 }
 
 
@@ -99,6 +104,9 @@ class Plane:
         self._run_agents: dict[str, str] = {}
         #: Grants leases to runs; None without [leases] (the run endpoints answer 501).
         self.leases = LeaseDesk.from_config(config)
+        #: Issues run credentials; None without [broker] (the credential endpoints answer 501).
+        #: It checks stops against the lease desk's mirror when there is one.
+        self.broker = Broker.from_config(config, self.leases.mirror if self.leases else None)
 
     @property
     def open(self) -> Stores:
@@ -340,6 +348,7 @@ routes = [
     Route("/v1/watch", watch),
     Route("/openapi.json", openapi_json, methods=["GET"]),
     *run_routes,
+    *broker_routes,
 ]
 
 

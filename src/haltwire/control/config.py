@@ -64,6 +64,59 @@ class AgentClass(ConfigModel):
         return self
 
 
+class BrokerKeyConfig(ConfigModel):
+    """One credential-signing key (``[[broker.keys]]``): an Ed25519 private key in PEM.
+
+    From an environment variable (``private_key_env``) or a file (``private_key_file``,
+    relative to the config file). Every key's public half is published in the JWKS.
+    """
+
+    kid: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    private_key_env: str | None = None
+    private_key_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> BrokerKeyConfig:
+        if (self.private_key_env is None) == (self.private_key_file is None):
+            raise ValueError("give exactly one of private_key_env or private_key_file")
+        return self
+
+
+class BrokerSection(ConfigModel):
+    """``[broker]``: run-scoped credentials for downstream systems (stop level 4).
+
+    ``ttl_s`` is 300 to 900 seconds (5 to 15 minutes); with ``control.development = true``
+    anything above 0 up to 900 is accepted, for demos and tests. ``generate = true``
+    (development only) makes an ephemeral signing key at start instead of ``keys``.
+    """
+
+    ttl_s: float = Field(default=600.0, gt=0, le=900)
+    #: The downstream systems a credential may be issued for (its ``aud`` claim).
+    audiences: list[str] = Field(min_length=1)
+    keys: list[BrokerKeyConfig] = Field(default_factory=list)
+    #: The key id new credentials are signed with.
+    signing_key: str | None = None
+    generate: bool = False
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BrokerSection:
+        kids = [k.kid for k in self.keys]
+        if len(set(kids)) != len(kids):
+            raise ValueError("keys: key ids must be unique")
+        if any(not a.strip() for a in self.audiences):
+            raise ValueError("audiences: an audience must not be empty")
+        if self.generate:
+            if self.keys or self.signing_key is not None:
+                raise ValueError("generate = true makes its own key; remove keys and signing_key")
+        elif not self.keys:
+            raise ValueError("keys: give at least one key (or generate = true in development)")
+        elif self.signing_key is None:
+            raise ValueError("signing_key: name the key new credentials are signed with")
+        elif self.signing_key not in kids:
+            raise ValueError(f"signing_key {self.signing_key!r} is not among the keys")
+        return self
+
+
 class IdentityEntry(TokenFields):
     name: str = Field(min_length=1)
     role: Role
@@ -110,6 +163,8 @@ class ControlConfig(ConfigModel):
     #: Lease timing per agent class; a ``default`` class is always there.
     agent_classes: dict[str, AgentClass] = Field(default_factory=lambda: {"default": AgentClass()})
     identities: list[IdentityEntry] = Field(default_factory=list)
+    #: The credential broker; without it the credential endpoints answer 501.
+    broker: BrokerSection | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> ControlConfig:
@@ -127,6 +182,13 @@ class ControlConfig(ConfigModel):
             if self.leases.plain_secrets() and not self.control.development:
                 raise ValueError(
                     "leases.keys: plain 'secret' is accepted only with control.development = true; use secret_env"
+                )
+        if self.broker is not None and not self.control.development:
+            if self.broker.generate:
+                raise ValueError("broker.generate: an ephemeral key is for control.development = true only")
+            if not 300 <= self.broker.ttl_s <= 900:
+                raise ValueError(
+                    f"broker.ttl_s ({self.broker.ttl_s:g}) must be 300 to 900 seconds (5 to 15 minutes)"
                 )
         if "default" not in self.agent_classes:
             raise ValueError("agent_classes: a 'default' class is needed")
@@ -155,4 +217,12 @@ def load_control_config(path: str | Path) -> ControlConfig:
     if not config.registry.path.is_absolute():
         registry = config.registry.model_copy(update={"path": p.parent / config.registry.path})
         config = config.model_copy(update={"registry": registry})
+    if config.broker is not None:  # key files, like the SQLite path, are relative to the config file
+        keys = [
+            k.model_copy(update={"private_key_file": p.parent / k.private_key_file})
+            if k.private_key_file is not None and not k.private_key_file.is_absolute()
+            else k
+            for k in config.broker.keys
+        ]
+        config = config.model_copy(update={"broker": config.broker.model_copy(update={"keys": keys})})
     return config

@@ -16,44 +16,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-import anyio
-
 from haltwire.config import LeaseKeysSection
 from haltwire.control.config import AgentClass, ControlConfig
 from haltwire.refusal import stopped
-from haltwire.stopset import StopSet
+from haltwire.stopset import StopMirror, StopSet
 from haltwire.store.registry import Registry
 from haltwire.store.runs import RunRecord
-from haltwire.tokens import LeaseClaims, LeaseKeys
+from haltwire.tokens import Grant, LeaseClaims, LeaseKeys
 
 #: Refusals remembered for audit-once; cleared when full (a refusal may then be audited again).
 _NOTED_MAX: Final = 100_000
-_PAGE: Final = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """A lease, as the control plane answers it (the GRANT object of the API)."""
-
-    run_id: str
-    token: str
-    expires_at: float
-    ttl_s: float
-    renew_every_s: float
-    renew_timeout_s: float
-    generation: int
-
-    def json(self) -> dict[str, Any]:
-        # Spelled out: dataclasses.asdict deep-copies, and a batch answers up to 1000 of these.
-        return {
-            "run_id": self.run_id,
-            "token": self.token,
-            "expires_at": self.expires_at,
-            "ttl_s": self.ttl_s,
-            "renew_every_s": self.renew_every_s,
-            "renew_timeout_s": self.renew_timeout_s,
-            "generation": self.generation,
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +58,7 @@ class LeaseDesk:
         self.keys = keys
         self.classes = dict(classes)
         self.clock = clock
-        self.stops = StopSet()
-        self._lock = anyio.Lock()
+        self.mirror = StopMirror()
         self._noted: set[tuple[str, str]] = set()
 
     @classmethod
@@ -102,17 +73,12 @@ class LeaseDesk:
         """The run's class; a class since removed from the config falls back to ``default``."""
         return self.classes.get(name) or self.classes["default"]
 
+    @property
+    def stops(self) -> StopSet:
+        return self.mirror.stops
+
     async def catch_up(self, registry: Registry) -> None:
-        """Apply the registry's changes past the mirror's revision, if there are any."""
-        if await registry.revision() <= self.stops.revision:
-            return
-        async with self._lock:  # one request applies the changes; the others then find none new
-            while True:
-                changes = await registry.changes_since(self.stops.revision, limit=_PAGE)
-                for change in changes:
-                    self.stops.apply(change.kind, change.stop, change.revision)
-                if len(changes) < _PAGE:
-                    return
+        await self.mirror.catch_up(registry)
 
     def check(self, run: RunRecord, now: float | None = None) -> LeaseRefused | None:
         """Why ``run`` may not have a lease now, or None when it may."""

@@ -2,7 +2,8 @@
 
 Shapes are derived, not restated: request bodies from the pydantic models the handlers
 validate with, responses from the dataclasses the handlers serialize (``StopRecord``,
-``Change``, ``AuditRecord``, ``VerifyResult``, ``RunRecord``, ``Checkpoint``, ``Grant``), and
+``Change``, ``AuditRecord``, ``VerifyResult``, ``RunRecord``, ``Checkpoint``, ``Grant``,
+``CredentialRecord``), and
 which operations can answer 403 from ``ROLES``. Response objects are closed
 (``additionalProperties: false``, every field required, as ``asdict`` always writes every
 field), so a field added to a record without the document noticing fails the schemathesis
@@ -21,11 +22,12 @@ from starlette.responses import JSONResponse, Response
 
 import haltwire
 from haltwire.control.config import Role
-from haltwire.control.leases import Grant
 from haltwire.scope import KINDS
 from haltwire.store.audit import AuditRecord, VerifyResult
+from haltwire.store.credentials import CredentialRecord
 from haltwire.store.registry import Change, ChangeKind, StopRecord
 from haltwire.store.runs import Checkpoint, RunRecord
+from haltwire.tokens import Grant
 
 REF = "#/components/schemas/{model}"
 JSON = "application/json"
@@ -61,6 +63,7 @@ def _components() -> dict[str, Any]:
     _derived(schemas, RunRecord)  # tools, a tuple, is written as a JSON list (runs.run_json)
     _derived(schemas, Checkpoint)
     _derived(schemas, Grant)
+    _derived(schemas, CredentialRecord)
     # The ``error`` object of every error body, and of each refused run in a batched renewal.
     # Optional fields: who may (403), and which stop refused a lease (409 stopped).
     schemas["ErrorObject"] = {
@@ -100,6 +103,39 @@ def _components() -> dict[str, Any]:
             },
         }
     )
+    # The credential broker: an issued credential (the map's row plus the token, less run_id),
+    # the map of a run, and the JWKS.
+    number, text = {"type": "number"}, {"type": "string"}
+    schemas["Credential"] = _closed(
+        {
+            "type": "object",
+            "properties": {
+                "token": text,
+                "jti": text,
+                "audience": text,
+                "issued_at": number,
+                "expires_at": number,
+                "kid": text,
+            },
+        }
+    )
+    schemas["CredentialList"] = _closed(
+        {"type": "object", "properties": {"credentials": _array(_ref("CredentialRecord"))}}
+    )
+    schemas["Jwk"] = _closed(
+        {
+            "type": "object",
+            "properties": {
+                "kty": {"const": "OKP"},
+                "crv": {"const": "Ed25519"},
+                "x": text,
+                "kid": text,
+                "alg": {"const": "EdDSA"},
+                "use": {"const": "sig"},
+            },
+        }
+    )
+    schemas["Jwks"] = _closed({"type": "object", "properties": {"keys": _array(_ref("Jwk"))}})
     schemas["Health"] = _closed(
         {"type": "object", "properties": {"ok": {"const": True}, "revision": {"type": "integer"}}}
     )
@@ -144,7 +180,15 @@ _CLEAR_LINK = {"clear": {"operationId": "clear_stop", "parameters": {"stop_id": 
 #: A run just registered can be read, renewed, checkpointed and ended through these links.
 _RUN_LINKS = {
     operation_id: {"operationId": operation_id, "parameters": {"run_id": "$response.body#/run/run_id"}}
-    for operation_id in ("get_run", "renew_lease", "save_checkpoint", "latest_checkpoint", "end_run")
+    for operation_id in (
+        "get_run",
+        "renew_lease",
+        "save_checkpoint",
+        "latest_checkpoint",
+        "end_run",
+        "issue_credential",
+        "list_credentials",
+    )
 }
 
 Errors = tuple[int | tuple[int, str], ...]
@@ -344,6 +388,59 @@ def _run_paths(schemas: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _broker_paths(schemas: dict[str, Any]) -> dict[str, Any]:
+    """The credential broker's endpoints (haltwire.control.broker)."""
+    from haltwire.control.broker import CredentialBody
+    from haltwire.control.runs import RUN_ID
+    from haltwire.credentials import JWKS_PATH
+
+    run_id = [
+        {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string", "pattern": RUN_ID}}
+    ]
+    not_configured = (501, "broker_not_configured: this control plane has no [broker]")
+    return {
+        "/v1/runs/{run_id}/credentials": {
+            "post": _operation(
+                "issue_credential",
+                "Issue a short-lived credential for one of the run's downstream systems",
+                (
+                    201,
+                    _json("the credential (a JWT signed with EdDSA) and its map entry", _ref("Credential")),
+                ),
+                (
+                    (403, _FORBIDDEN_RUN),
+                    (404, _UNKNOWN_RUN),
+                    (409, f"{_STOPPED}; or run_ended: the run has ended and gets no more credentials"),
+                    (422, "invalid_request: the body is invalid or the audience is not configured"),
+                    not_configured,
+                    503,
+                ),
+                "credential.issue",
+                run_id,
+                body=_body_schema(schemas, CredentialBody),
+            ),
+            "get": _operation(
+                "list_credentials",
+                "The credential map of a run: every credential issued to it (never the tokens)",
+                (200, _json("the credentials, oldest first", _ref("CredentialList"))),
+                ((403, _FORBIDDEN_RUN), (404, _UNKNOWN_RUN), 503),
+                "credentials.read",
+                run_id,
+            ),
+        },
+        JWKS_PATH: {
+            "get": _operation(
+                "jwks",
+                "The broker's public keys, to verify credentials with (every stop revokes "
+                "the credentials issued before it on its scope: follow /v1/watch)",
+                (200, _json("the JWKS", _ref("Jwks"))),
+                (not_configured,),
+                None,
+            )
+        },
+    }
+
+
 def _document() -> dict[str, Any]:
     from haltwire.control.app import ClearBody, IssueBody  # app.py imports this module for its route
 
@@ -446,6 +543,7 @@ def _document() -> dict[str, Any]:
             )
         },
         **_run_paths(schemas),
+        **_broker_paths(schemas),
     }
     return {
         "openapi": "3.1.0",

@@ -1,6 +1,6 @@
 """The operator commands of the ``haltwire`` CLI, talking to a control plane over HTTP.
 
-``haltwire stop``, ``clear``, ``stops``, ``audit`` and ``audit verify``. The control plane is
+``haltwire stop``, ``clear``, ``stops``, ``audit``, ``audit verify`` and ``credentials RUN``. The control plane is
 ``--url`` or ``HALTWIRE_CONTROL_URL``; the caller's token is ``--token`` or ``HALTWIRE_TOKEN``.
 
 Exit codes: 0 done; 1 refused or failed (the control plane's message is printed, and a refused
@@ -14,7 +14,10 @@ import argparse
 import json
 import os
 import sys
+import time
+from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 import httpx2
 
@@ -107,6 +110,27 @@ def _audit(args: argparse.Namespace) -> None:
         )
 
 
+def _credentials(args: argparse.Namespace) -> None:
+    run_id: str = args.run_id
+    records = _request(args, "GET", f"/v1/runs/{quote(run_id, safe='')}/credentials")["credentials"]
+    if args.json:
+        print(json.dumps(records, indent=2))
+        return
+    if not records:
+        print(f"no credentials issued to run {run_id}")
+    now = time.time()
+    for c in records:
+        state = "expired" if c["expires_at"] <= now else "unexpired"
+        print(
+            f"{c['jti']}  {c['audience']:<20}  kid {c['kid']:<12}  issued {_when(c['issued_at'])}  "
+            f"expires {_when(c['expires_at'])} ({state})"
+        )
+
+
+def _when(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _run(func: Any) -> Any:
     def run(args: argparse.Namespace) -> int:
         try:
@@ -154,3 +178,10 @@ def add_parsers(sub: Any) -> None:
     audit.add_argument("--run", default=None, help="only records for run:ID")
     audit.add_argument("--json", action="store_true", help="print JSON")
     audit.set_defaults(func=_run(_audit))
+
+    credentials = sub.add_parser(
+        "credentials", parents=[common], help="list every credential the broker issued to a run"
+    )
+    credentials.add_argument("run_id", metavar="RUN")
+    credentials.add_argument("--json", action="store_true", help="print JSON")
+    credentials.set_defaults(func=_run(_credentials))

@@ -23,8 +23,9 @@ from starlette.routing import Route
 # app.py imports this module for its routes: use its names at call time, not import time.
 from haltwire.control import app as http
 from haltwire.control.config import Caller
-from haltwire.control.leases import Grant, LeaseDesk, LeaseRefused, refused
+from haltwire.control.leases import LeaseDesk, LeaseRefused, refused
 from haltwire.store.runs import Checkpoint, RunExists, RunRecord, UnknownRun, new_run_id
+from haltwire.tokens import Grant
 
 RUN_ID: Final = r"^[A-Za-z0-9_.:-]{1,128}$"
 MAX_BATCH: Final = 1000

@@ -1,4 +1,4 @@
-"""Opening the registry, the audit log and the run store a control-plane config names, as one unit."""
+"""Opening the registry, the audit log, the run store and the credential map a control-plane config names, as one unit."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from haltwire.control.config import RegistrySection
 from haltwire.store.audit import AuditLog
+from haltwire.store.credentials import CredentialStore
 from haltwire.store.registry import Registry
 from haltwire.store.runs import RunStore
 
@@ -17,6 +18,7 @@ class Stores:
     registry: Registry
     audit: AuditLog
     runs: RunStore
+    credentials: CredentialStore
 
 
 @asynccontextmanager
@@ -26,8 +28,10 @@ async def open_stores(section: RegistrySection) -> AsyncIterator[Stores]:
         registry: Registry
         audit: AuditLog
         runs: RunStore
+        credentials: CredentialStore
         if section.backend == "sqlite":
             from haltwire.store.audit.sqlite import SqliteAuditLog
+            from haltwire.store.credentials.sqlite import SqliteCredentialStore
             from haltwire.store.registry.sqlite import SqliteRegistry
             from haltwire.store.runs.sqlite import SqliteRunStore
 
@@ -36,8 +40,11 @@ async def open_stores(section: RegistrySection) -> AsyncIterator[Stores]:
             audit = await SqliteAuditLog.open(section.path)
             stack.push_async_callback(audit.aclose)
             runs = await SqliteRunStore.open(section.path)
+            stack.push_async_callback(runs.aclose)
+            credentials = await SqliteCredentialStore.open(section.path)
         else:
             from haltwire.store.audit.postgres import PostgresAuditLog
+            from haltwire.store.credentials.postgres import PostgresCredentialStore
             from haltwire.store.registry.postgres import PostgresRegistry
             from haltwire.store.runs.postgres import PostgresRunStore
 
@@ -46,5 +53,7 @@ async def open_stores(section: RegistrySection) -> AsyncIterator[Stores]:
             audit = await PostgresAuditLog.open(section.url, schema=section.schema_)
             stack.push_async_callback(audit.aclose)
             runs = await PostgresRunStore.open(section.url, schema=section.schema_)
-        stack.push_async_callback(runs.aclose)
-        yield Stores(registry, audit, runs)
+            stack.push_async_callback(runs.aclose)
+            credentials = await PostgresCredentialStore.open(section.url, schema=section.schema_)
+        stack.push_async_callback(credentials.aclose)
+        yield Stores(registry, audit, runs, credentials)

@@ -6,19 +6,22 @@ import time
 from contextlib import AsyncExitStack
 
 import anyio
+import httpx2
 
 from haltwire import __version__
 from haltwire.ceilings import Ceilings, Clock
 from haltwire.config import GatewayConfig
+from haltwire.credentials import JwksKeys
 from haltwire.gateway.app import GatewayApp
+from haltwire.gateway.credentials import CredentialEdge
 from haltwire.gateway.leases import LeaseCheck
 from haltwire.gateway.proxy import Gateway
-from haltwire.gateway.stops import ControlUnreachable, StopWatch
 from haltwire.gateway.upstreams import UpstreamError, Upstreams
 from haltwire.killswitch import SuspensionFile
 from haltwire.store.counters import CounterStore
 from haltwire.store.counters.memory import MemoryCounters
 from haltwire.store.counters.redis import RedisCounters
+from haltwire.watch import ControlUnreachable, StopWatch
 
 
 def counter_store(config: GatewayConfig) -> CounterStore:
@@ -39,6 +42,11 @@ def create_app(
     if config.leases is not None:
         required = [i.agent for i in config.identities if i.lease == "required"]
         leases = LeaseCheck(config.leases.lease_keys(), required, clock=clock)
+    credentials = None
+    if config.broker is not None:
+        keys = JwksKeys(config.broker.jwks_url, refresh_s=config.broker.refresh_s)
+        identities = [i.identity() for i in config.identities]
+        credentials = CredentialEdge(keys, config.broker.audience, identities, clock=clock)
     gateway = Gateway(
         upstreams,
         Ceilings(config, store, clock=clock),
@@ -54,6 +62,13 @@ def create_app(
             tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(tg.cancel_scope.cancel)
             await stops.start(tg)
+        if credentials is not None:
+            try:
+                await credentials.keys.fetch()
+            except (httpx2.HTTPError, ValueError) as exc:
+                raise ControlUnreachable(
+                    f"cannot fetch the broker's JWKS at {credentials.keys.url}: {exc}"
+                ) from exc
         await upstreams.connect(stack)
 
     return GatewayApp(
@@ -62,6 +77,7 @@ def create_app(
         max_body_bytes=config.gateway.max_body_bytes,
         version=__version__,
         on_startup=startup,
+        credentials=credentials,
     )
 
 

@@ -42,11 +42,13 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import Message, Receive, Scope, Send
 
 from haltwire import refusal
+from haltwire.errors import unwrapped
+from haltwire.gateway.credentials import CREDENTIAL_STATE_KEY, CredentialEdge, jwt_shaped
 from haltwire.gateway.proxy import Gateway
 from haltwire.gateway.server import IDENTITY_STATE_KEY, build_server
 from haltwire.identity import Identity, TokenTable, bearer_token
 from haltwire.refusal import Refusal
-from haltwire.tokens import LEASE_HEADER
+from haltwire.tokens import LEASE_HEADER, LeaseClaims
 
 log = logging.getLogger("haltwire.gateway")
 
@@ -139,9 +141,12 @@ class GatewayApp:
         max_body_bytes: int = 1_048_576,
         version: str = "0",
         on_startup: Callable[[AsyncExitStack], Awaitable[None]] | None = None,
+        credentials: CredentialEdge | None = None,
     ) -> None:
         self.gateway = gateway
         self.tokens = tokens
+        #: Accepts the broker's run credentials as bearer tokens (``[broker]``); None: only tokens.
+        self.credentials = credentials
         self.max_body_bytes = max_body_bytes
         self._on_startup = on_startup
         self.started = False
@@ -180,16 +185,12 @@ class GatewayApp:
         A start-up failure (an upstream that does not start) is raised as itself, not
         wrapped in the exception group of the task group it happened in.
         """
-        try:
+        with unwrapped():
             async with AsyncExitStack() as local:
                 if self._on_startup is not None:
                     await self._on_startup(local)
                 await local.enter_async_context(self._manager.run())
                 stack.push_async_exit(local.pop_all())
-        except BaseExceptionGroup as group:
-            if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
-                raise group.exceptions[0] from None
-            raise
         self.started = True
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
@@ -215,6 +216,13 @@ class GatewayApp:
             await _respond_refusal(send, refusal.unauthenticated("no bearer token was sent"))
             return
         identity = self.tokens.resolve(token)
+        credential: LeaseClaims | None = None
+        if identity is None and self.credentials is not None and jwt_shaped(token):
+            resolved = await self.credentials.resolve(token)
+            if isinstance(resolved, Refusal):
+                await _respond_refusal(send, resolved)
+                return
+            identity, credential = resolved
         if identity is None:
             await _respond_refusal(send, refusal.unauthenticated("the bearer token is not recognised"))
             return
@@ -225,7 +233,9 @@ class GatewayApp:
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             await _respond_refusal(send, refusal.payload_too_large(self.max_body_bytes))
             return
-        scope.setdefault("state", {})[IDENTITY_STATE_KEY] = identity
+        state = scope.setdefault("state", {})
+        state[IDENTITY_STATE_KEY] = identity
+        state[CREDENTIAL_STATE_KEY] = credential  # the SDK path reads it too (server.py)
         if (
             scope["method"] == "POST"
             and _header(scope, b"mcp-method") == b"tools/call"
@@ -236,13 +246,19 @@ class GatewayApp:
             except BodyTooLarge:
                 await _respond_refusal(send, refusal.payload_too_large(self.max_body_bytes))
                 return
-            if await self._tools_call(identity, body, scope, receive, send):
+            if await self._tools_call(identity, body, scope, receive, send, credential):
                 return
             receive = _replay(body, receive)
         await self._manager.handle_request(scope, receive, send)
 
     async def _tools_call(
-        self, identity: Identity, body: bytes, scope: Scope, receive: Receive, send: Send
+        self,
+        identity: Identity,
+        body: bytes,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        credential: LeaseClaims | None = None,
     ) -> bool:
         """Serve a modern ``tools/call``; False hands the request to the SDK instead."""
         try:
@@ -284,7 +300,17 @@ class GatewayApp:
         # The header is looked for only by a gateway that verifies leases.
         lease_header = headers.get(LEASE_HEADER) if self.gateway.leases is not None else None
         await self._serve_call(
-            identity, request_id, name, arguments, meta, token, wants_progress, receive, send, lease_header
+            identity,
+            request_id,
+            name,
+            arguments,
+            meta,
+            token,
+            wants_progress,
+            receive,
+            send,
+            lease_header,
+            credential,
         )
         return True
 
@@ -300,6 +326,7 @@ class GatewayApp:
         receive: Receive,
         send: Send,
         lease_header: str | None = None,
+        credential: LeaseClaims | None = None,
     ) -> None:
         events_out, events_in = anyio.create_memory_object_stream[bytes](16)
         outcome: list[dict[str, Any] | Refusal | MCPError] = []
@@ -319,7 +346,9 @@ class GatewayApp:
             async with events_out:
                 try:
                     outcome.append(
-                        await self.gateway.call_tool(identity, name, arguments, meta, report, lease_header)
+                        await self.gateway.call_tool(
+                            identity, name, arguments, meta, report, lease_header, credential
+                        )
                     )
                 except MCPError as exc:
                     outcome.append(exc)

@@ -21,13 +21,14 @@ from mcp_types import INVALID_PARAMS
 from haltwire import refusal
 from haltwire.ceilings import Ceilings
 from haltwire.gateway.leases import LeaseCheck, without_lease
-from haltwire.gateway.stops import StopWatch
 from haltwire.gateway.upstreams import Progress, Upstreams, UpstreamUnavailable
 from haltwire.identity import Identity
 from haltwire.killswitch import SuspensionFile
 from haltwire.refusal import Refusal
+from haltwire.scope import run_scopes
 from haltwire.store.counters import CountersUnavailable
 from haltwire.tokens import LEASE_META, LeaseClaims
+from haltwire.watch import StopWatch
 
 log = logging.getLogger("haltwire.gateway")
 
@@ -55,6 +56,18 @@ class Gateway:
         self.stops = stops
         self.leases = leases
 
+    def _fenced(self, lease: LeaseClaims) -> Refusal | None:
+        """A lease (or credential) checked before a stop on its run's scopes was issued is refused."""
+        assert self.stops is not None
+        if self.leases is not None:
+            return self.leases.fenced(lease, self.stops.stops)
+        fence = self.stops.stops.fence(run_scopes(lease.run, lease.agent, lease.tenant, lease.version))
+        if fence > lease.generation:
+            return refusal.lease_invalid(
+                f"issued before stop revision {fence} on this run; the run must get a new credential"
+            )
+        return None
+
     async def call_tool(
         self,
         identity: Identity,
@@ -63,17 +76,23 @@ class Gateway:
         meta: dict[str, Any] | None = None,
         progress: Progress | None = None,
         lease_header: str | None = None,
+        credential: LeaseClaims | None = None,
     ) -> dict[str, Any] | Refusal:
         """The upstream's result in wire form, or the refusal that replaces it.
 
         ``lease_header`` is the ``Haltwire-Lease`` header, used when ``meta`` carries no token.
+        ``credential`` is a broker credential the edge verified as the bearer token: it stands
+        for the lease (its run is the call's run), and any lease token is then ignored.
         Raises ``UnknownTool`` (a JSON-RPC error) for a name no upstream offers.
         """
         if self.suspensions.is_suspended(identity.agent):
             return refusal.agent_suspended(identity.agent)
-        lease: LeaseClaims | None = None
+        lease: LeaseClaims | None = credential
         leases = self.leases
-        if leases is not None:
+        if credential is not None:
+            if meta is not None and LEASE_META in meta:
+                meta = without_lease(meta)
+        elif leases is not None:
             checked = leases.check(identity, meta, lease_header)
             if isinstance(checked, Refusal):
                 return checked
@@ -84,11 +103,7 @@ class Gateway:
         if self.stops is not None:
             if (stopped := self.stops.check(identity, name, run)) is not None:
                 return stopped  # before routing and ceilings: a stopped call consumes nothing
-            if (
-                leases is not None
-                and lease is not None
-                and (fenced := leases.fenced(lease, self.stops.stops))
-            ):
+            if lease is not None and (fenced := self._fenced(lease)):
                 return fenced
         route = self.upstreams.route(name)
         if route is None:

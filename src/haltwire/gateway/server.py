@@ -13,6 +13,7 @@ import mcp.types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 
+from haltwire.gateway.credentials import CREDENTIAL_STATE_KEY
 from haltwire.gateway.proxy import Gateway
 from haltwire.identity import Identity
 from haltwire.refusal import Refusal
@@ -49,8 +50,9 @@ def build_server(gateway: Gateway, version: str) -> Server[Any]:
         lease_header = None
         if gateway.leases is not None and ctx.request is not None:
             lease_header = ctx.request.headers.get(LEASE_HEADER)
+        credential = ctx.request.scope.get("state", {}).get(CREDENTIAL_STATE_KEY) if ctx.request else None
         result = await gateway.call_tool(
-            identity_of(ctx), params.name, params.arguments, meta, report, lease_header
+            identity_of(ctx), params.name, params.arguments, meta, report, lease_header, credential
         )
         wire = result.tool_result() if isinstance(result, Refusal) else result
         return types.CallToolResult.model_validate(wire)

@@ -43,6 +43,7 @@ from mcp_types import (
 from yarl import URL
 
 from haltwire import __version__
+from haltwire.errors import describe
 
 Progress = ProgressFnT
 
@@ -350,12 +351,3 @@ async def _report(params: Any, request_id: int, progress: Progress) -> None:
     if total is not None and (isinstance(total, bool) or not isinstance(total, int | float)):
         return
     await progress(value, total, message if isinstance(message, str) else None)
-
-
-def describe(exc: BaseException) -> str:
-    """An exception in a few words, for logs and ``UpstreamUnavailable``."""
-    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        return describe(exc.exceptions[0])
-    if isinstance(exc, TimeoutError):
-        return "it did not answer in time"
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -29,6 +29,7 @@ from mcp_types import CONNECTION_CLOSED
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from haltwire.config import UpstreamConfig
+from haltwire.errors import describe
 from haltwire.gateway.upstream_http import (
     CLIENT_INFO,
     HTTP_MAX_CONNECTIONS,
@@ -36,7 +37,6 @@ from haltwire.gateway.upstream_http import (
     Progress,
     Redirected,
     UpstreamUnavailable,
-    describe,
     forwarded_meta,
     strip_server_info,
 )

@@ -16,6 +16,9 @@ from typing import Any
 
 import httpx2
 
+from haltwire.tokens import Grant
+from haltwire.watch import sse_events
+
 
 class ControlUnreachable(Exception):
     """The control plane did not answer, or answered 5xx. The lease is not extended."""
@@ -32,31 +35,6 @@ class ControlRefused(Exception):
     @property
     def code(self) -> str:
         return str(self.error.get("code", ""))
-
-
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """One lease grant, as the control plane answers a registration or a renewal."""
-
-    run_id: str
-    token: str
-    expires_at: float
-    ttl_s: float
-    renew_every_s: float
-    renew_timeout_s: float
-    generation: int
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Grant:
-        return cls(
-            run_id=str(data["run_id"]),
-            token=str(data["token"]),
-            expires_at=float(data["expires_at"]),
-            ttl_s=float(data["ttl_s"]),
-            renew_every_s=float(data["renew_every_s"]),
-            renew_timeout_s=float(data["renew_timeout_s"]),
-            generation=int(data["generation"]),
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,28 +131,22 @@ class ControlClient:
             raise
         return result
 
-    async def watch(self, since: int) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    async def watch(self, since: int, silence_s: float = 30.0) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """Registry changes after revision ``since`` as ``(kind, change)``, until the stream ends.
 
-        Heartbeats are consumed here. The caller reconnects (from the last revision it saw).
+        Heartbeats are consumed here; a stream silent for ``silence_s`` (no event, no
+        heartbeat) is a dead one and raises ``ControlUnreachable``. The caller reconnects
+        (from the last revision it saw).
         """
         headers = {"Last-Event-ID": str(since)}
         try:
             async with self._http.stream(
-                "GET", "/v1/watch", headers=headers, timeout=httpx2.Timeout(10.0, read=None)
+                "GET", "/v1/watch", headers=headers, timeout=httpx2.Timeout(10.0, read=silence_s)
             ) as response:
                 if response.status_code != 200:
                     raise ControlUnreachable(f"GET /v1/watch: HTTP {response.status_code}")
-                event: dict[str, str] = {}
-                async for line in response.aiter_lines():
-                    if line.startswith(":"):
-                        continue
-                    if line:
-                        key, _, value = line.partition(":")
-                        event[key] = value.removeprefix(" ")
-                        continue
-                    kind, data, event = event.get("event", "message"), event.get("data", ""), {}
-                    if kind in ("stop", "clear"):
-                        yield kind, json.loads(data)
+                async for event in sse_events(response.aiter_lines()):
+                    if event.kind in ("stop", "clear"):
+                        yield event.kind, json.loads(event.data)
         except httpx2.HTTPError as exc:
             raise ControlUnreachable(f"GET /v1/watch: {type(exc).__name__}: {exc}") from exc

@@ -14,6 +14,7 @@ from typing import TypeVar
 
 import anyio
 
+from haltwire.errors import unwrapped
 from haltwire.runtime.lease import Lease, StopNotice, StopRequested
 
 T = TypeVar("T")
@@ -29,15 +30,16 @@ class Guard:
         outcome: list[T] = []
         # The task group owns fn; this task waits for the lease to end. Whichever comes
         # first cancels the other.
-        async with anyio.create_task_group() as tg:
+        with unwrapped():  # fn's own exception comes out as itself
+            async with anyio.create_task_group() as tg:
 
-            async def run() -> None:
-                outcome.append(await fn(token))
+                async def run() -> None:
+                    outcome.append(await fn(token))
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(run)
+                await self.lease.ended.wait()
                 tg.cancel_scope.cancel()
-
-            tg.start_soon(run)
-            await self.lease.ended.wait()
-            tg.cancel_scope.cancel()
         if not outcome:
             raise StopRequested(self.lease.notice or StopNotice("stopped", "the lease ended"))
         self.lease.require()

@@ -30,8 +30,10 @@ from typing import Any
 
 import anyio
 
-from haltwire.runtime.client import ControlClient, ControlRefused, ControlUnreachable, Grant, Registration
+from haltwire.errors import unwrapped
+from haltwire.runtime.client import ControlClient, ControlRefused, ControlUnreachable, Registration
 from haltwire.scope import Scope, run_scopes
+from haltwire.tokens import Grant
 
 log = logging.getLogger("haltwire.runtime")
 
@@ -142,15 +144,17 @@ class Lease:
             resume_from=resume_from,
             monotonic=monotonic,
         )
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(lease._renew_forever)
-            tg.start_soon(lease._expire_on_time)
-            if push:
-                tg.start_soon(follow_stops, control, lease.generation, lambda: [lease])
-            try:
-                yield lease
-            finally:
-                tg.cancel_scope.cancel()  # the lease's tasks end with the block
+        # The block's own exception (StopRequested, say) comes out as itself.
+        with unwrapped():
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lease._renew_forever)
+                tg.start_soon(lease._expire_on_time)
+                if push:
+                    tg.start_soon(follow_stops, control, lease.generation, lambda: [lease])
+                try:
+                    yield lease
+                finally:
+                    tg.cancel_scope.cancel()  # the lease's tasks end with the block
 
     # -- the checks --------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from typing import Final
 import anyio
 import anyio.abc
 
+from haltwire.errors import unwrapped
 from haltwire.runtime.client import ControlClient, ControlUnreachable
 from haltwire.runtime.lease import Lease, StopNotice, follow_stops
 
@@ -55,14 +56,15 @@ class LeasePool:
         monotonic: Callable[[], float] = time.monotonic,
         push: bool = True,
     ) -> AsyncIterator[LeasePool]:
-        async with anyio.create_task_group() as tg:
-            pool = cls(control, tg, monotonic=monotonic, push=push)
-            tg.start_soon(pool._renew_forever)
-            tg.start_soon(pool._sweep_forever)
-            try:
-                yield pool
-            finally:
-                tg.cancel_scope.cancel()  # the pool's tasks end with the block
+        with unwrapped():  # the block's own exception comes out as itself
+            async with anyio.create_task_group() as tg:
+                pool = cls(control, tg, monotonic=monotonic, push=push)
+                tg.start_soon(pool._renew_forever)
+                tg.start_soon(pool._sweep_forever)
+                try:
+                    yield pool
+                finally:
+                    tg.cancel_scope.cancel()  # the pool's tasks end with the block
 
     async def start_run(
         self,

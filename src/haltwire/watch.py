@@ -1,6 +1,8 @@
 """The stops the control plane has issued, kept current from its ``/v1/watch`` stream.
 
-``StopWatch.run`` owns one streaming connection for the gateway's lifetime. It replays
+Used by every enforcement point that follows the control plane (the gateway, a credential
+verifier in a downstream service); ``sse_events`` reads the stream for them and for the
+runtime SDK. ``StopWatch.run`` owns one streaming connection for its owner's lifetime. It replays
 the registry's history at start-up (the gateway reports started only once it holds the
 current stops), then applies each ``stop``/``clear`` event as it arrives, resuming with
 ``Last-Event-ID`` after any failure so a reconnect misses and repeats nothing. Once a
@@ -14,8 +16,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import fields
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, fields
 from typing import Any, Final
 
 import anyio
@@ -24,7 +26,7 @@ import httpx2
 
 from haltwire import refusal
 from haltwire.config import ControlLink
-from haltwire.gateway.upstream_http import describe
+from haltwire.errors import describe
 from haltwire.identity import Identity
 from haltwire.refusal import Refusal
 from haltwire.scope import call_scopes
@@ -38,6 +40,30 @@ RECONNECT_MIN_S = 0.2
 #: The comment the control plane sends once a watch has replayed every missed change.
 CAUGHT_UP: Final = "caught-up"
 RECONNECT_MAX_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class SseEvent:
+    """One server-sent event (``kind``, ``data``, ``id``), or a comment line (``comment``)."""
+
+    kind: str = "message"
+    data: str = ""
+    id: str | None = None
+    comment: str | None = None
+
+
+async def sse_events(lines: AsyncIterator[str]) -> AsyncIterator[SseEvent]:
+    """The events and comments of a ``text/event-stream``, from its lines."""
+    event: dict[str, str] = {}
+    async for line in lines:
+        if line.startswith(":"):
+            yield SseEvent(comment=line[1:].strip())
+        elif line:
+            key, _, value = line.partition(":")
+            event[key] = value.removeprefix(" ")
+        elif event:
+            yield SseEvent(event.get("event", "message"), event.get("data", ""), event.get("id"))
+            event = {}
 
 
 class ControlUnreachable(Exception):
@@ -103,29 +129,18 @@ class StopWatch:
         async with http.stream("GET", f"{self.url}/v1/watch", headers=headers) as response:
             response.raise_for_status()
             caught_up = False
-            event: dict[str, str] = {}
-            async for line in response.aiter_lines():
-                if line.startswith(":"):
-                    if not caught_up and line[1:].strip() == CAUGHT_UP:
+            async for event in sse_events(response.aiter_lines()):
+                if event.comment is not None:
+                    if not caught_up and event.comment == CAUGHT_UP:
                         caught_up = True
                         if task_status is not anyio.TASK_STATUS_IGNORED:
                             self.ready = True
                             task_status.started()
                             task_status = anyio.TASK_STATUS_IGNORED
-                    if caught_up:
-                        self._heard()
-                    continue
-                if line:
-                    key, _, value = line.partition(":")
-                    event[key] = value.removeprefix(" ")
-                    continue
-                if not event:
-                    continue
-                kind, data, event = event.get("event", "message"), event.get("data", ""), {}
-                if kind == "error":
-                    raise ControlUnreachable(f"the control plane reported: {data}")
-                if kind in ("stop", "clear"):
-                    self.apply(kind, json.loads(data))
+                elif event.kind == "error":
+                    raise ControlUnreachable(f"the control plane reported: {event.data}")
+                elif event.kind in ("stop", "clear"):
+                    self.apply(event.kind, json.loads(event.data))
                 if caught_up:
                     self._heard()
         raise ControlUnreachable("the watch stream ended")

@@ -1,0 +1,281 @@
+"""The credential broker (stop level 4): short-lived, run-scoped credentials for downstream systems.
+
+A run's owning agent asks for a credential for one configured audience (a downstream
+system); the broker answers an EdDSA-signed JWT (PyJWT) valid for ``[broker] ttl_s``, and
+records it in the credential map. Issue is refused, like a lease renewal, once a stop matches
+one of the run's scopes, and "renewal" is only asking again, so a stopped run gets nothing.
+
+Revocation needs no endpoint of its own: every stop on the watch stream *is* one, read as
+"deny every credential issued before revision R in scope S". A credential carries ``gen``,
+the registry revision its issue was checked at; a verifier that follows the watch denies it
+when a stop on one of the run's scopes is active, or when ``StopSet.fence`` of those scopes
+is past ``gen`` (so it stays dead after the stop is cleared). ``haltwire.credentials`` is
+that verifier. The public keys are served as a JWKS at ``/.well-known/jwks.json``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
+from typing import Any, Final
+
+import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from jwt.algorithms import OKPAlgorithm
+from pydantic import Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from haltwire.config import ConfigError
+
+# app.py imports this module for its routes: use its names at call time, not import time.
+from haltwire.control import app as http
+from haltwire.control import runs
+from haltwire.control.config import BrokerSection, ControlConfig
+from haltwire.control.leases import LeaseRefused, refused
+from haltwire.credentials import ALGORITHM, ISSUER, JWKS_PATH
+from haltwire.refusal import stopped
+from haltwire.stopset import StopMirror
+from haltwire.store.credentials import CredentialRecord
+from haltwire.store.runs import RunRecord
+
+log = logging.getLogger("haltwire.broker")
+
+_NOTED_MAX: Final = 100_000
+
+
+class BrokerKeys:
+    """The Ed25519 keys credentials are signed with (one) and published for (all)."""
+
+    def __init__(self, private: Mapping[str, Ed25519PrivateKey], signing: str) -> None:
+        if signing not in private:
+            raise ValueError(f"the signing key {signing!r} is not among the broker keys")
+        self._private = dict(private)
+        self.signing = signing
+
+    @classmethod
+    def from_config(cls, section: BrokerSection) -> BrokerKeys:
+        """The section's keys; raises ``ConfigError`` for a missing, unreadable or non-Ed25519 key."""
+        if section.generate:
+            kid = f"dev-{secrets.token_hex(4)}"
+            log.warning(
+                "broker: generated an ephemeral signing key %s (development only: its credentials "
+                "cannot be verified after this process ends)",
+                kid,
+            )
+            return cls({kid: Ed25519PrivateKey.generate()}, kid)
+        private: dict[str, Ed25519PrivateKey] = {}
+        for key in section.keys:
+            where = f"broker.keys[{key.kid}]"
+            if key.private_key_env is not None:
+                text = os.environ.get(key.private_key_env)
+                if not text:
+                    raise ConfigError(f"{where}: the environment variable {key.private_key_env} is not set")
+                pem = text.encode()
+            else:
+                assert key.private_key_file is not None
+                try:
+                    pem = key.private_key_file.read_bytes()
+                except OSError as exc:
+                    raise ConfigError(f"{where}: cannot read {key.private_key_file}: {exc}") from None
+            try:
+                loaded = serialization.load_pem_private_key(pem, password=None)
+            except (ValueError, TypeError) as exc:
+                raise ConfigError(f"{where}: not a PEM private key: {exc}") from None
+            if not isinstance(loaded, Ed25519PrivateKey):
+                raise ConfigError(f"{where}: the key is not Ed25519 (EdDSA)")
+            private[key.kid] = loaded
+        assert section.signing_key is not None  # the config checks it
+        return cls(private, section.signing_key)
+
+    @property
+    def kids(self) -> frozenset[str]:
+        return frozenset(self._private)
+
+    def jwks(self) -> dict[str, Any]:
+        """Every public key, as a JWKS (RFC 7517, OKP keys of RFC 8037)."""
+        keys = []
+        for kid, key in sorted(self._private.items()):
+            jwk = OKPAlgorithm.to_jwk(key.public_key(), as_dict=True)
+            keys.append(
+                {
+                    "kty": jwk["kty"],
+                    "crv": jwk["crv"],
+                    "x": jwk["x"],
+                    "kid": kid,
+                    "alg": ALGORITHM,
+                    "use": "sig",
+                }
+            )
+        return {"keys": keys}
+
+    def sign(self, claims: dict[str, Any]) -> str:
+        return jwt.encode(
+            claims, self._private[self.signing], algorithm=ALGORITHM, headers={"kid": self.signing}
+        )
+
+
+class Broker:
+    """Issues credentials: the keys, the audiences, the lifetime, the stop mirror and the clock."""
+
+    def __init__(
+        self,
+        keys: BrokerKeys,
+        audiences: Sequence[str],
+        ttl_s: float,
+        mirror: StopMirror | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.keys = keys
+        self.audiences = frozenset(audiences)
+        self.ttl_s = ttl_s
+        self.mirror = mirror if mirror is not None else StopMirror()
+        self.clock = clock
+        self._noted: set[tuple[str, str]] = set()
+
+    @classmethod
+    def from_config(cls, config: ControlConfig, mirror: StopMirror | None = None) -> Broker | None:
+        """The broker for ``config``; None when it has no ``[broker]`` (the endpoints answer 501)."""
+        section = config.broker
+        if section is None:
+            return None
+        return cls(BrokerKeys.from_config(section), section.audiences, section.ttl_s, mirror)
+
+    def issue(self, run: RunRecord, audience: str) -> tuple[str, CredentialRecord] | LeaseRefused:
+        """A signed credential for ``run`` and its map entry, or why it gets none."""
+        stops = self.mirror.stops
+        now = self.clock()
+        generation = stops.revision  # read before the check: the check covers it
+        if run.ended:
+            return refused(409, "run_ended", f"run {run.run_id} has ended; it gets no more credentials")
+        if len(stops):
+            hit = stops.match(run.scopes, now)
+            if hit is not None:
+                scope, stop = hit
+                return LeaseRefused(409, stopped(str(scope), stop.stop_id, stop.reason).error())
+        record = CredentialRecord(
+            jti="crd_" + secrets.token_hex(16),
+            run_id=run.run_id,
+            audience=audience,
+            kid=self.keys.signing,
+            issued_at=now,
+            expires_at=now + self.ttl_s,
+        )
+        claims = {
+            "iss": ISSUER,
+            "aud": audience,
+            "sub": run.run_id,
+            "run": run.run_id,
+            "agent": run.agent,
+            "tenant": run.tenant,
+            "ver": run.version,
+            "gen": generation,
+            "iat": record.issued_at,
+            "exp": record.expires_at,
+            "jti": record.jti,
+        }
+        return self.keys.sign(claims), record
+
+    def first_refusal(self, run_id: str, refusal: LeaseRefused) -> bool:
+        """True the first time ``run_id`` is refused for this reason: a refused run is audited once."""
+        key = (run_id, str(refusal.error.get("stop_id", refusal.code)))
+        if key in self._noted:
+            return False
+        if len(self._noted) >= _NOTED_MAX:
+            self._noted.clear()
+        self._noted.add(key)
+        return True
+
+
+class CredentialBody(runs._Body):
+    audience: str = Field(min_length=1, max_length=256)
+
+
+def credential_json(token: str, record: CredentialRecord) -> dict[str, Any]:
+    return {
+        "token": token,
+        "jti": record.jti,
+        "audience": record.audience,
+        "issued_at": record.issued_at,
+        "expires_at": record.expires_at,
+        "kid": record.kid,
+    }
+
+
+def _broker(plane: http.Plane) -> Broker:
+    if plane.broker is None:
+        raise http.Refused(501, "broker_not_configured", "this control plane has no [broker]")
+    return plane.broker
+
+
+async def issue_credential(request: Request) -> Response:
+    plane = http._plane(request)
+    run_id = request.path_params["run_id"]
+    caller = await plane.authorize(request, "credential.issue", run_id, write=True)
+    broker = _broker(plane)
+
+    async def refuse(exc: http.Refused) -> http.Refused:
+        await plane.audit(caller, "credential.issue", run_id, "refused", exc.message, code=exc.code)
+        return exc
+
+    try:
+        body: CredentialBody = await runs._parse(request, CredentialBody)
+    except http.Refused as exc:
+        raise await refuse(exc) from None
+    run = await runs._run_for(plane, caller, run_id, "credential.issue", audit=True)
+    if body.audience not in broker.audiences:
+        known = ", ".join(sorted(broker.audiences))
+        raise await refuse(
+            http.Refused(422, "invalid_request", f"unknown audience {body.audience!r}; known: {known}")
+        )
+    await broker.mirror.catch_up(plane.open.registry)
+    issued = broker.issue(run, body.audience)
+    if isinstance(issued, LeaseRefused):
+        if broker.first_refusal(run_id, issued):
+            detail = {k: v for k, v in issued.error.items() if k in ("code", "stop_id")}
+            message = str(issued.error["message"])
+            await plane.audit(caller, "credential.issue", run_id, "refused", message, **detail)
+        raise runs._refused(issued)
+    token, record = issued
+    # Mapped before it is handed out: a credential the map does not list never leaves (fail closed).
+    await plane.open.credentials.record(record)
+    await plane.audit(
+        caller,
+        "credential.issue",
+        run_id,
+        "ok",
+        "issued",
+        jti=record.jti,
+        audience=record.audience,
+        kid=record.kid,
+        expires_at=record.expires_at,
+    )
+    return JSONResponse(credential_json(token, record), status_code=201)
+
+
+async def list_credentials(request: Request) -> Response:
+    plane = http._plane(request)
+    run_id = request.path_params["run_id"]
+    caller = await plane.authorize(request, "credentials.read")
+    await runs._run_for(plane, caller, run_id, "credentials.read", audit=False)
+    records = await plane.open.credentials.for_run(run_id)
+    return JSONResponse({"credentials": [asdict(r) for r in records]})
+
+
+async def jwks(request: Request) -> Response:
+    broker = _broker(http._plane(request))
+    # Short caching: a verifier meeting an unknown kid refetches anyway.
+    return JSONResponse(broker.keys.jwks(), headers={"Cache-Control": "public, max-age=60"})
+
+
+routes = [
+    Route("/v1/runs/{run_id}/credentials", issue_credential, methods=["POST"]),
+    Route("/v1/runs/{run_id}/credentials", list_credentials, methods=["GET"]),
+    Route(JWKS_PATH, jwks, methods=["GET"]),
+]
