@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -25,22 +24,13 @@ from haltwire.store.audit import GENESIS, AuditLog, AuditRecord, hash_of, verify
 from haltwire.store.audit.postgres import PostgresAuditLog
 from haltwire.store.audit.sqlite import SqliteAuditLog
 from haltwire.store.registry import RegistryUnavailable
-from haltwire.store.registry.postgres import DEFAULT_URL, PostgresRegistry
+from haltwire.store.registry.postgres import PostgresRegistry
 from haltwire.store.registry.sqlite import SqliteRegistry
-from harness import service_missing
+from harness import drop_schema, postgres_url, service_missing
 
 pytestmark = pytest.mark.anyio
 
 NOW = 1_800_000_000.0
-
-
-def postgres_url() -> str:
-    return os.environ.get("HALTWIRE_POSTGRES_URL", DEFAULT_URL)
-
-
-def drop_schema(schema: str) -> None:
-    with psycopg.connect(postgres_url(), autocommit=True, connect_timeout=5) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import ModuleType
@@ -34,7 +34,7 @@ from haltwire.control.config import BrokerSection
 from haltwire.control.stores import open_stores
 from haltwire.credentials import CredentialRefused, CredentialVerifier
 from haltwire.serve import serving
-from test_control import TOKEN, cli, postgres_section
+from test_control import TOKEN, cli
 from test_leases_api import auth, clear, config_dict, issue, register
 
 pytestmark = pytest.mark.anyio
@@ -54,15 +54,6 @@ def downstream_module() -> ModuleType:
 
 
 DOWNSTREAM = downstream_module()
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
-    if request.param == "sqlite":
-        yield {"backend": "sqlite", "path": str(tmp_path / "control.db")}
-        return
-    with postgres_section() as section:
-        yield section
 
 
 def key_file(tmp_path: Path, kid: str) -> Path:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -14,13 +13,12 @@ import anyio
 import httpx2
 import psycopg
 import pytest
-from psycopg import sql
 
 from haltwire.control import create_app, parse_control_config
 from haltwire.control.stores import Stores, open_stores
 from haltwire.serve import serving
 from haltwire.store.registry.postgres import DEFAULT_URL, notify_channel
-from harness import service_missing
+from harness import postgres_section
 
 pytestmark = pytest.mark.anyio
 
@@ -47,38 +45,6 @@ def config_dict(registry: dict[str, Any], heartbeat_s: float = 5.0) -> dict[str,
 
 def auth(role: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {TOKEN[role]}"}
-
-
-def drop_schema(schema: str) -> None:
-    try:
-        with psycopg.connect(DEFAULT_URL, autocommit=True, connect_timeout=5) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
-    except psycopg.OperationalError:
-        pass
-
-
-@contextmanager
-def postgres_section() -> Iterator[dict[str, Any]]:
-    """A ``[registry]`` section on a fresh PostgreSQL schema, dropped afterwards."""
-    try:
-        psycopg.connect(DEFAULT_URL, connect_timeout=5).close()
-    except psycopg.OperationalError:
-        service_missing("PostgreSQL")
-    schema = f"test_control_{uuid.uuid4().hex[:12]}"
-    try:
-        yield {"backend": "postgres", "url": DEFAULT_URL, "schema": schema}
-    finally:
-        drop_schema(schema)
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """The ``[registry]`` section of each backend; the API suite runs against both."""
-    if request.param == "sqlite":
-        yield {"backend": "sqlite", "path": str(tmp_path / "control.db")}
-        return
-    with postgres_section() as section:
-        yield section
 
 
 @asynccontextmanager

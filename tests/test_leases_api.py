@@ -8,7 +8,7 @@ another replica on the same PostgreSQL schema.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,8 @@ from haltwire.serve import serving
 from haltwire.stopset import StopSet
 from haltwire.store.runs import RunRecord
 from haltwire.tokens import LeaseKeys
-from test_control import ROLES, TOKEN, postgres_section
+from harness import postgres_section
+from test_control import ROLES, TOKEN
 
 pytestmark = pytest.mark.anyio
 
@@ -35,16 +36,6 @@ CLASSES = {
 }
 #: A second agent identity: another agent, tenant and version than ``agent-1`` (agent a1).
 OTHER = {"name": "agent-2", "role": "agent", "token": "tok-agent2", "agent": "a2", "tenant": "beta"}
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """The ``[registry]`` section of each backend."""
-    if request.param == "sqlite":
-        yield {"backend": "sqlite", "path": str(tmp_path / "control.db")}
-        return
-    with postgres_section() as section:
-        yield section
 
 
 def config_dict(registry: dict[str, Any], leases: bool = True) -> dict[str, Any]:

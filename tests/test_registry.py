@@ -7,7 +7,6 @@ PostgreSQL tests use a unique schema on the shared server and drop it afterwards
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -19,26 +18,16 @@ import anyio
 import anyio.to_thread
 import psycopg
 import pytest
-from psycopg import sql
 
 from haltwire.scope import ScopeError
 from haltwire.store.registry import AlreadyCleared, Registry, RegistryUnavailable, UnknownStop
-from haltwire.store.registry.postgres import DEFAULT_URL, PostgresRegistry
+from haltwire.store.registry.postgres import PostgresRegistry
 from haltwire.store.registry.sqlite import SqliteRegistry
-from harness import service_missing
+from harness import drop_schema, postgres_url, service_missing
 
 pytestmark = pytest.mark.anyio
 
 NOW = 1_800_000_000.0
-
-
-def postgres_url() -> str:
-    return os.environ.get("HALTWIRE_POSTGRES_URL", DEFAULT_URL)
-
-
-def drop_schema(schema: str) -> None:
-    with psycopg.connect(postgres_url(), autocommit=True, connect_timeout=5) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

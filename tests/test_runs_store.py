@@ -5,36 +5,24 @@ Every test runs against both backends. PostgreSQL uses a unique schema, dropped 
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
-import psycopg
 import pytest
-from psycopg import sql
 
 from haltwire.scope import Scope
 from haltwire.store.registry import RegistryUnavailable
 from haltwire.store.registry.sqlite import SqliteRegistry
 from haltwire.store.runs import RunExists, RunRecord, RunStore, UnknownRun, new_run_id
-from haltwire.store.runs.postgres import DEFAULT_URL, PostgresRunStore
+from haltwire.store.runs.postgres import PostgresRunStore
 from haltwire.store.runs.sqlite import SqliteRunStore
-from harness import service_missing
+from harness import drop_schema, postgres_url, service_missing
 
 pytestmark = pytest.mark.anyio
 
 NOW = 1_800_000_000.0
-
-
-def postgres_url() -> str:
-    return os.environ.get("HALTWIRE_POSTGRES_URL", DEFAULT_URL)
-
-
-def drop_schema(schema: str) -> None:
-    with psycopg.connect(postgres_url(), autocommit=True, connect_timeout=5) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
