@@ -21,7 +21,7 @@ import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
-from typing import Any, Final
+from typing import Any
 
 import jwt
 from cryptography.hazmat.primitives import serialization
@@ -38,7 +38,7 @@ from haltwire.config import ConfigError
 from haltwire.control import app as http
 from haltwire.control import runs
 from haltwire.control.config import BrokerSection, ControlConfig
-from haltwire.control.leases import LeaseRefused, refused
+from haltwire.control.leases import AuditOnce, LeaseRefused, refused
 from haltwire.credentials import ALGORITHM, ISSUER, JWKS_PATH
 from haltwire.refusal import stopped
 from haltwire.stopset import StopMirror
@@ -47,7 +47,6 @@ from haltwire.store.runs import RunRecord
 
 log = logging.getLogger("haltwire.broker")
 
-_NOTED_MAX: Final = 100_000
 
 
 class BrokerKeys:
@@ -137,7 +136,7 @@ class Broker:
         self.ttl_s = ttl_s
         self.mirror = mirror if mirror is not None else StopMirror()
         self.clock = clock
-        self._noted: set[tuple[str, str]] = set()
+        self._noted = AuditOnce()
 
     @classmethod
     def from_config(cls, config: ControlConfig, mirror: StopMirror | None = None) -> Broker | None:
@@ -183,14 +182,7 @@ class Broker:
         return self.keys.sign(claims), record
 
     def first_refusal(self, run_id: str, refusal: LeaseRefused) -> bool:
-        """True the first time ``run_id`` is refused for this reason: a refused run is audited once."""
-        key = (run_id, str(refusal.error.get("stop_id", refusal.code)))
-        if key in self._noted:
-            return False
-        if len(self._noted) >= _NOTED_MAX:
-            self._noted.clear()
-        self._noted.add(key)
-        return True
+        return self._noted.first(run_id, refusal)
 
 
 class CredentialBody(runs._Body):

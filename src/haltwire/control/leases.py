@@ -28,6 +28,25 @@ from haltwire.tokens import Grant, LeaseClaims, LeaseKeys
 _NOTED_MAX: Final = 100_000
 
 
+class AuditOnce:
+    """Which runs were refused for which reason already. A refused run keeps asking (renewing,
+    or asking for credentials) until it notices; the audit log records each refusal once.
+    Bounded: cleared when full (a refusal may then be audited again)."""
+
+    def __init__(self) -> None:
+        self._noted: set[tuple[str, str]] = set()
+
+    def first(self, run_id: str, refusal: LeaseRefused) -> bool:
+        """True the first time ``run_id`` is refused for this reason (a stop id, or the code)."""
+        key = (run_id, str(refusal.error.get("stop_id", refusal.code)))
+        if key in self._noted:
+            return False
+        if len(self._noted) >= _NOTED_MAX:
+            self._noted.clear()
+        self._noted.add(key)
+        return True
+
+
 @dataclass(frozen=True, slots=True)
 class LeaseRefused:
     """Why a run gets no lease: an HTTP status and the API's ``error`` object."""
@@ -59,7 +78,7 @@ class LeaseDesk:
         self.classes = dict(classes)
         self.clock = clock
         self.mirror = StopMirror()
-        self._noted: set[tuple[str, str]] = set()
+        self._noted = AuditOnce()
 
     @classmethod
     def from_config(cls, config: ControlConfig) -> LeaseDesk | None:
@@ -120,14 +139,4 @@ class LeaseDesk:
         )
 
     def first_refusal(self, run_id: str, refusal: LeaseRefused) -> bool:
-        """True the first time ``run_id`` is refused for this reason (a stop id, or the code).
-
-        A refused run keeps renewing until it notices; the audit log records it once.
-        """
-        key = (run_id, str(refusal.error.get("stop_id", refusal.code)))
-        if key in self._noted:
-            return False
-        if len(self._noted) >= _NOTED_MAX:
-            self._noted.clear()
-        self._noted.add(key)
-        return True
+        return self._noted.first(run_id, refusal)
