@@ -47,8 +47,6 @@ class LeaseCheck:
         self.keys = keys
         self.required = frozenset(required)
         self._clock = clock
-        # Run scopes per verified token's run identity; bounded, cleared when full.
-        self._scopes: dict[tuple[str, str, str, str], frozenset[Scope]] = {}
 
     def check(
         self, identity: Identity, meta: Mapping[str, Any] | None, header: str | None
@@ -88,8 +86,19 @@ class LeaseCheck:
             return refusal.lease_invalid(f"the lease is for run {claims.run}, not the run this call names")
         return claims
 
-    def fenced(self, claims: LeaseClaims, stops: StopSet) -> Refusal | None:
-        """lease_invalid when a stop (even one cleared since) on the run's scopes postdates the grant."""
+
+class RunFence:
+    """Refuses a lease or a broker credential checked before a stop on its run's scopes.
+
+    The stop may be cleared since: the grant still predates it, and the run must get a new
+    one. A runtime sends the same token until it renews, so the run's scopes are cached.
+    """
+
+    def __init__(self) -> None:
+        # Run scopes per run identity; bounded, cleared when full.
+        self._scopes: dict[tuple[str, str, str, str], frozenset[Scope]] = {}
+
+    def check(self, claims: LeaseClaims, stops: StopSet) -> Refusal | None:
         if claims.generation >= stops.revision:
             return None  # no stop at all since the grant (a fence is never above the revision)
         key = (claims.run, claims.agent, claims.tenant, claims.version)
@@ -101,6 +110,6 @@ class LeaseCheck:
         fence = stops.fence(scopes)
         if fence > claims.generation:
             return refusal.lease_invalid(
-                f"granted before stop revision {fence} on this run; the run must get a new lease"
+                f"granted before stop revision {fence} on this run; the run must get a new lease or credential"
             )
         return None

@@ -20,12 +20,11 @@ from mcp_types import INVALID_PARAMS
 
 from haltwire import refusal
 from haltwire.ceilings import Ceilings
-from haltwire.gateway.leases import LeaseCheck, without_lease
+from haltwire.gateway.leases import LeaseCheck, RunFence, without_lease
 from haltwire.gateway.upstreams import Progress, Upstreams, UpstreamUnavailable
 from haltwire.identity import Identity
 from haltwire.killswitch import SuspensionFile
 from haltwire.refusal import Refusal
-from haltwire.scope import run_scopes
 from haltwire.store.counters import CountersUnavailable
 from haltwire.tokens import LEASE_META, LeaseClaims
 from haltwire.watch import StopWatch
@@ -55,18 +54,7 @@ class Gateway:
         self.suspensions = suspensions
         self.stops = stops
         self.leases = leases
-
-    def _fenced(self, lease: LeaseClaims) -> Refusal | None:
-        """A lease (or credential) checked before a stop on its run's scopes was issued is refused."""
-        assert self.stops is not None
-        if self.leases is not None:
-            return self.leases.fenced(lease, self.stops.stops)
-        fence = self.stops.stops.fence(run_scopes(lease.run, lease.agent, lease.tenant, lease.version))
-        if fence > lease.generation:
-            return refusal.lease_invalid(
-                f"issued before stop revision {fence} on this run; the run must get a new credential"
-            )
-        return None
+        self._fence = RunFence()
 
     async def call_tool(
         self,
@@ -103,7 +91,7 @@ class Gateway:
         if self.stops is not None:
             if (stopped := self.stops.check(identity, name, run)) is not None:
                 return stopped  # before routing and ceilings: a stopped call consumes nothing
-            if lease is not None and (fenced := self._fenced(lease)):
+            if lease is not None and (fenced := self._fence.check(lease, self.stops.stops)):
                 return fenced
         route = self.upstreams.route(name)
         if route is None:
