@@ -168,6 +168,18 @@ async def test_6_a_refusal_at_the_http_gate_makes_the_client_raise_after_one_att
     assert (o["edge-bot.suspended.raised"], o["edge-bot.suspended.http_errors"]) == ("MCPError", [403])
 
 
+@pytest.mark.anyio
+async def test_7_a_control_plane_stop_refuses_the_run_ends_its_lease_and_fences_it_after_the_clear() -> None:
+    r = _check(await loop.scenario_control_plane_stop())
+    o = r.observed
+    assert (o["ops-bot.calls"], o["ops-bot.served"], o["ops-bot.refused"]) == (6, 5, 1)
+    assert (o["ops-bot.last.code"], o["ops-bot.last.retryable"]) == ("stopped", False)
+    assert o["ops-bot.lease.ended_by"] is not None and o["ops-bot.lease.ended_by"].startswith("stp_")
+    assert o["ops-bot.after_clear.old_lease"] == "lease_invalid"
+    assert o["ops-bot.after_clear.new_run.served"] is True
+    assert o["upstream.served"] == 6
+
+
 def test_a_deviation_names_the_number_that_differs() -> None:
     r = loop.ScenarioResult(1, "t", expected={"ops-bot.calls": 21}, observed={"ops-bot.calls": 22})
     assert not r.ok

@@ -25,12 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from haltwire import refusal
-from haltwire.config import GatewayConfig, LimitsOverride, ToolLimits
+from haltwire.config import GatewayConfig, Label, LimitsOverride, ToolLimits
 from haltwire.identity import Identity
 from haltwire.refusal import Refusal
 from haltwire.store.counters import BudgetCounter, CounterStore, CountersUnavailable, SlotCounter
 
 Clock = Callable[[], float]
+#: A tool's label (``haltwire.gateway.labels``), or None for a tool the gateway does not know.
+LabelOf = Callable[[str], Label | None]
 
 #: How long a run's step count is kept after the run's first call. A budget window like any
 #: other, only long: far past any lease (a lease is seconds to minutes and a run must keep
@@ -40,7 +42,10 @@ RUN_WINDOW_S = 7 * 24 * 3600.0
 
 @dataclass(frozen=True, slots=True)
 class ToolCeilings:
-    """The effective limits for one (identity, tool) pair, resolved once and cached."""
+    """The effective limits for one (identity, tool) pair, resolved once and cached.
+
+    ``deadline_s`` is the smaller of the limits' deadline and the tool label's.
+    """
 
     budget: int | None
     window_s: float
@@ -70,8 +75,16 @@ def _first(*values: float | int | None) -> float | int | None:
 
 
 class Ceilings:
-    def __init__(self, config: GatewayConfig, store: CounterStore, *, clock: Clock = time.time) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        store: CounterStore,
+        *,
+        clock: Clock = time.time,
+        labels: LabelOf | None = None,
+    ) -> None:
         self._config = config
+        self._labels = labels
         self._store = store
         self._clock = clock
         self._overrides: dict[str, LimitsOverride] = {i.agent: i.limits for i in config.identities}
@@ -95,11 +108,16 @@ class Ceilings:
         ident = self._overrides.get(agent, LimitsOverride())
         dt = d.tools.get(tool, ToolLimits())
         it = ident.tools.get(tool, ToolLimits())
+        deadline_s = float(_first(it.deadline_s, dt.deadline_s, ident.deadline_s, d.deadline_s) or 30.0)
+        label = self._labels(tool) if self._labels is not None else None
+        if label is not None:
+            # The label's deadline is a hard bound: limits may shorten it, never extend it.
+            deadline_s = min(deadline_s, self._config.labels.deadline_s(label))
         resolved = ToolCeilings(
             budget=_int(_first(ident.budget, d.budget)),
             window_s=float(_first(ident.window_s, d.window_s) or d.window_s),
             max_in_flight=_int(_first(ident.max_in_flight, d.max_in_flight)),
-            deadline_s=float(_first(it.deadline_s, dt.deadline_s, ident.deadline_s, d.deadline_s) or 30.0),
+            deadline_s=deadline_s,
             tool_budget=_int(_first(it.budget, dt.budget)),
             tool_max_in_flight=_int(_first(it.max_in_flight, dt.max_in_flight)),
             run_steps=_int(_first(ident.run_steps, d.run_steps)),

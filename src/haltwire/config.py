@@ -29,6 +29,10 @@ class ConfigModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+#: How far a call to a tool can be taken back (``haltwire.gateway.labels``).
+Label = Literal["cancellable", "bounded", "irreversible"]
+
+
 class ToolLimits(ConfigModel):
     """Per-tool overrides. A tool budget counts calls to this tool per identity."""
 
@@ -107,6 +111,10 @@ class UpstreamConfig(ConfigModel):
     prefix: str = ""
     #: Seconds to wait for the upstream to start and list its tools.
     connect_timeout_s: float = Field(default=15.0, gt=0)
+    #: Labels by the upstream's own tool names; they win over its annotations.
+    labels: dict[str, Label] = Field(default_factory=dict)
+    #: Read unlabelled tools' labels from their MCP annotations; false: they are irreversible.
+    trust_annotations: bool = True
 
     @model_validator(mode="after")
     def _one_transport(self) -> UpstreamConfig:
@@ -127,6 +135,21 @@ class GatewaySection(ConfigModel):
     suspended_file: Path | None = None
     #: ``please-try-again`` exists only to show the seed's failure mode in ``haltwire demo loop``.
     refusal_style: Literal["terminal", "please-try-again"] = "terminal"
+
+
+class LabelsSection(ConfigModel):
+    """``[labels]``: the hard per-call deadline of each tool label, at the gateway."""
+
+    cancellable_deadline_s: float = Field(default=30.0, gt=0)
+    bounded_deadline_s: float = Field(default=30.0, gt=0)
+    irreversible_deadline_s: float = Field(default=60.0, gt=0)
+
+    def deadline_s(self, label: Label) -> float:
+        if label == "cancellable":
+            return self.cancellable_deadline_s
+        if label == "bounded":
+            return self.bounded_deadline_s
+        return self.irreversible_deadline_s
 
 
 class CountersSection(ConfigModel):
@@ -247,6 +270,7 @@ class GatewayConfig(ConfigModel):
     #: Run credentials accepted as bearer tokens; absent: only the token table's tokens are.
     broker: BrokerLink | None = None
     limits: Limits = Field(default_factory=Limits)
+    labels: LabelsSection = Field(default_factory=LabelsSection)
     identities: list[IdentityConfig] = Field(default_factory=list)
     upstreams: list[UpstreamConfig] = Field(min_length=1)
 
@@ -294,7 +318,15 @@ class GatewayConfig(ConfigModel):
         return self
 
     def _deadlines(self) -> list[float]:
-        out = [self.limits.deadline_s]
+        # A call's deadline is the smaller of its limits' and its label's; both lists are
+        # included, which errs on the long side (a slot outliving its call is harmless).
+        lb = self.labels
+        out = [
+            self.limits.deadline_s,
+            lb.cancellable_deadline_s,
+            lb.bounded_deadline_s,
+            lb.irreversible_deadline_s,
+        ]
         overrides = [self.limits, *(i.limits for i in self.identities)]
         for o in overrides:
             if o.deadline_s is not None:

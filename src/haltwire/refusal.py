@@ -119,7 +119,17 @@ def agent_suspended(who: str, by: str = "an operator") -> Refusal:
     return _terminal("agent_suspended", f"{who} is suspended by {by}")
 
 
-def deadline_exceeded(tool: str, deadline_s: float) -> Refusal:
+def deadline_exceeded(tool: str, deadline_s: float, *, irreversible: bool = False) -> Refusal:
+    """A call cut off at its deadline. For an irreversible tool the outcome is unknown, not failed:
+    the action may have happened before the cut, and an agent that takes it for a failure
+    would do it twice."""
+    if irreversible:
+        return _terminal(
+            "deadline_exceeded",
+            f"The call to {tool} did not finish within {deadline_s:g} s and was cancelled with its "
+            "outcome unknown: the action may or may not have happened and must not be repeated blindly",
+            extra=(("outcome", "unknown"),),
+        )
     return _terminal(
         "deadline_exceeded",
         f"The call to {tool} did not finish within {deadline_s:g} s and was cancelled "

@@ -84,6 +84,7 @@ class StopWatch:
         self._monotonic = monotonic
         self._clock = clock
         self.stops = StopSet()
+        self._advanced = anyio.Event()
         self.last_heard: float | None = None
         #: True once the stops issued before start-up are applied (``run`` reported started).
         self.ready = False
@@ -114,6 +115,13 @@ class StopWatch:
         record = StopRecord(**{k: v for k, v in data["stop"].items() if k in _FIELDS})
         change: ChangeKind = "stop" if kind == "stop" else "clear"
         self.stops.apply(change, record, int(data["revision"]))
+        advanced, self._advanced = self._advanced, anyio.Event()
+        advanced.set()
+
+    async def reached(self, revision: int) -> None:
+        """Return once the change with ``revision`` has been applied (the caller bounds the wait)."""
+        while self.revision < revision:
+            await self._advanced.wait()
 
     def _heard(self) -> None:
         self.last_heard = self._monotonic()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 import anyio
 from mcp import Client
@@ -169,12 +169,14 @@ async def run_agent(
     wait_scale: float = 0.0,
     max_wait_s: float = 0.05,
     before_call: BeforeCall | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> AgentLog:
     """Repeat one call until the server stops the agent, the client raises, or ``max_steps``.
 
     A retry sleeps ``min(wait_s * wait_scale, max_wait_s)``: the default scale of 0 keeps a
     demo fast, since only the number of calls matters here. ``before_call(step)`` runs
     before each call (step 1 is the first), so a demo can flip a switch between calls.
+    ``meta`` rides on every call (a lease token, say).
     """
     log = AgentLog(agent=agent, max_steps=max_steps)
     args = arguments if arguments is not None else {"order_id": "A-1"}
@@ -183,7 +185,7 @@ async def run_agent(
             await before_call(step)
         log.calls += 1
         try:
-            result = await client.call_tool(tool, args)
+            result = await client.call_tool(tool, args, meta=cast(Any, meta))
         except Exception as exc:
             log.raised = f"{type(exc).__name__}: {exc}"
             log.stopped_by = f"the client raising {type(exc).__name__}"
@@ -209,8 +211,12 @@ async def run_agent(
 
 
 async def call_once(
-    client: Client, tool: str = "lookup_order", arguments: dict[str, Any] | None = None
+    client: Client,
+    tool: str = "lookup_order",
+    arguments: dict[str, Any] | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> Answer:
     """One call, its answer read as the agent reads it."""
-    result = await client.call_tool(tool, arguments if arguments is not None else {"order_id": "A-1"})
+    args = arguments if arguments is not None else {"order_id": "A-1"}
+    result = await client.call_tool(tool, args, meta=cast(Any, meta))
     return read_answer(result)

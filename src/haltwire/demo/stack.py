@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 from typing import Any, Final
 
 import httpx2
@@ -16,6 +17,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 from haltwire.ceilings import Clock
 from haltwire.config import parse_config
+from haltwire.control import create_app as create_control_app
+from haltwire.control import parse_control_config
 from haltwire.demo.upstream import DemoUpstream
 from haltwire.gateway import create_app
 from haltwire.gateway.app import GatewayApp
@@ -26,6 +29,9 @@ from haltwire.store.counters import CounterStore
 TOKENS: Final = {"ops-bot": "tok-ops", "billing-bot": "tok-billing", "edge-bot": "tok-edge"}
 #: The one upstream API key the gateway sends for every identity, as a shared key is.
 UPSTREAM_KEY: Final = "Bearer shared-key"
+#: The demo control plane's plain tokens, and its lease key (development configs only).
+CONTROL_TOKENS: Final = {"operator": "tok-oncall", "gateway": "tok-gateway", "ops-bot": "tok-ops-runtime"}
+LEASE_KEYS: Final = [{"kid": "demo", "secret": "demo-lease-key-never-in-production-0123456789"}]
 
 
 def demo_config(upstream_url: str, **sections: Any) -> dict[str, Any]:
@@ -49,6 +55,35 @@ def demo_config(upstream_url: str, **sections: Any) -> dict[str, Any]:
         else:
             data[key] = value
     return data
+
+
+def demo_control_config(db: Path, heartbeat_s: float = 1.0) -> dict[str, Any]:
+    """A development control plane: an operator, a gateway, ops-bot's runtime, lease keys."""
+    return {
+        "control": {"development": True, "heartbeat_s": heartbeat_s},
+        "registry": {"backend": "sqlite", "path": str(db)},
+        "leases": {"signing_key": "demo", "keys": LEASE_KEYS},
+        "identities": [
+            {"name": "oncall", "role": "operator", "token": CONTROL_TOKENS["operator"]},
+            {"name": "gateway-1", "role": "gateway", "token": CONTROL_TOKENS["gateway"]},
+            {
+                "name": "ops-bot-runtime",
+                "role": "agent",
+                "agent": "ops-bot",
+                "tenant": "acme",
+                "version": "1.0",
+                "token": CONTROL_TOKENS["ops-bot"],
+            },
+        ],
+    }
+
+
+@asynccontextmanager
+async def running_control_plane(db: Path) -> AsyncIterator[str]:
+    """A control plane on its embedded default (SQLite at ``db``); yields its base URL."""
+    config = parse_control_config(demo_control_config(db))
+    async with serving(create_control_app(config), graceful_s=1) as url:
+        yield url
 
 
 @asynccontextmanager

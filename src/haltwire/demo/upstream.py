@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 _OBJ: dict[str, Any] = {"type": "object"}
+_READ_ONLY = types.ToolAnnotations(read_only_hint=True)
 
 TOOLS = [
     types.Tool(
@@ -41,19 +42,28 @@ TOOLS = [
             "properties": {"order_id": {"type": "string"}, "status": {"type": "string"}},
             "required": ["order_id", "status"],
         },
-        annotations=types.ToolAnnotations(read_only_hint=True),
+        annotations=_READ_ONLY,
     ),
-    types.Tool(name="hold", description="Wait until the demo releases held calls.", input_schema=_OBJ),
-    types.Tool(name="fail", description="Always fails.", input_schema=_OBJ),
+    # The others change nothing either; without the hint the MCP defaults would make them
+    # destructive, so the gateway would label them irreversible.
+    types.Tool(
+        name="hold",
+        description="Wait until the demo releases held calls.",
+        input_schema=_OBJ,
+        annotations=_READ_ONLY,
+    ),
+    types.Tool(name="fail", description="Always fails.", input_schema=_OBJ, annotations=_READ_ONLY),
     types.Tool(
         name="sleep",
         description="Sleep for a number of seconds.",
         input_schema={"type": "object", "properties": {"seconds": {"type": "number"}}},
+        annotations=_READ_ONLY,
     ),
     types.Tool(
         name="progress",
         description="Report progress, then answer.",
         input_schema={"type": "object", "properties": {"steps": {"type": "integer"}}},
+        annotations=_READ_ONLY,
     ),
 ]
 

@@ -49,7 +49,7 @@ def create_app(
         credentials = CredentialEdge(keys, config.broker.audience, identities, clock=clock)
     gateway = Gateway(
         upstreams,
-        Ceilings(config, store, clock=clock),
+        Ceilings(config, store, clock=clock, labels=upstreams.label),
         SuspensionFile(config.gateway.suspended_file),
         stops,
         leases,

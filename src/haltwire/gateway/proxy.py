@@ -5,8 +5,8 @@ Order matters and is fixed: a suspended identity, a bad lease or a stopped call 
 before anything is counted; a lease names the call's run, so run stops, the lease's fencing
 generation and the run's step budget apply to it;
 an admitted call holds its slots until the upstream answers, fails, times out or is
-cancelled (the ``finally`` below); the upstream call runs under the tool's deadline, so a
-hung upstream cannot hold a slot.
+cancelled (the ``finally`` below); the upstream call runs under the tool's deadline (the
+smaller of its limits' and its label's), so a hung upstream cannot hold a slot.
 """
 
 from __future__ import annotations
@@ -105,7 +105,9 @@ class Gateway:
             with anyio.fail_after(ticket.deadline_s):
                 return await route.upstream.call_tool(route.tool, arguments, meta, progress)
         except TimeoutError:
-            return refusal.deadline_exceeded(name, ticket.deadline_s)
+            # An irreversible call cut off here may have happened: its outcome is unknown.
+            irreversible = route.label == "irreversible"
+            return refusal.deadline_exceeded(name, ticket.deadline_s, irreversible=irreversible)
         except UpstreamUnavailable as exc:
             log.warning("upstream unavailable: %s", exc)
             return refusal.upstream_unavailable(route.upstream.name)

@@ -30,6 +30,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from haltwire.config import UpstreamConfig
 from haltwire.errors import describe
+from haltwire.gateway.labels import LABEL_META, Label, label_of, unknown_tools
 from haltwire.gateway.upstream_http import (
     CLIENT_INFO,
     HTTP_MAX_CONNECTIONS,
@@ -70,6 +71,7 @@ class Route:
     upstream: Upstream
     tool: str
     """The tool's name at the upstream (without the gateway's prefix)."""
+    label: Label = "irreversible"
 
 
 class Upstream:
@@ -220,6 +222,12 @@ class Upstreams:
         routes: dict[str, Route] = {}
         tools: list[types.Tool] = []
         for up in self.upstreams:
+            configured = up.config.labels
+            unknown = unknown_tools(configured, {t.name for t in up.tools})
+            if unknown:
+                raise UpstreamError(
+                    f"upstream {up.name!r}: labels name tools it does not list: {', '.join(unknown)}"
+                )
             for tool in up.tools:
                 exposed = up.config.prefix + tool.name
                 if exposed in routes:
@@ -227,8 +235,16 @@ class Upstreams:
                         f"tool name {exposed!r} is offered by upstreams {routes[exposed].upstream.name!r} "
                         f"and {up.name!r}; give one of them a prefix"
                     )
-                routes[exposed] = Route(up, tool.name)
-                tools.append(tool.model_copy(update={"name": exposed}))
+                label = label_of(
+                    tool.name,
+                    tool.annotations,
+                    configured=configured,
+                    trust_annotations=up.config.trust_annotations,
+                )
+                routes[exposed] = Route(up, tool.name, label)
+                # The label travels in the catalogue, so agents see what a call can undo.
+                meta = {**(tool.meta or {}), LABEL_META: label}
+                tools.append(tool.model_copy(update={"name": exposed, "meta": meta}))
         self._routes = routes
         self._tools = tools
         self._schemas = {t.name: dict(t.input_schema) for t in tools}
@@ -242,3 +258,7 @@ class Upstreams:
 
     def input_schema(self, exposed: str) -> dict[str, Any] | None:
         return self._schemas.get(exposed)
+
+    def label(self, exposed: str) -> Label | None:
+        route = self._routes.get(exposed)
+        return route.label if route is not None else None

@@ -197,7 +197,7 @@ class Lease:
         if self.notice is None:
             self.notice = notice
             self.ended.set()
-            log.warning("run %s: lease ended: %s", self.run_id, notice.message)
+            log.info("run %s: lease ended: %s", self.run_id, notice.message)
 
     def _ran_out(self) -> StopNotice:
         return StopNotice(
