@@ -119,14 +119,14 @@ async def ended_within(lease: Lease, seconds: float) -> float:
 # -- level 1: the lease ------------------------------------------------------------------------
 
 
-async def test_the_lease_renews_and_a_pushed_run_stop_ends_it_before_the_next_renewal(tmp_path: Path) -> None:
+async def test_the_lease_renews_and_a_run_stop_ends_it(tmp_path: Path) -> None:
     async with control_plane(tmp_path / "c.db") as url, agent(url) as control:
         async with Lease.start(control, agent_class="fast") as lease:
             first = lease.require()
             await anyio.sleep(2.5)  # past renew_timeout_s: only renewals keep it alive
             assert lease.require() != first, "renewed: a newer token"
             issued = await stop(url, f"run:{lease.run_id}")
-            # Push: well under the 1 s renewal interval would do; allow a busy machine.
+            # Push or the next renewal, whichever comes first (push alone: the tests below).
             await ended_within(lease, 2.0)
             with pytest.raises(StopRequested) as exc:
                 lease.require()
