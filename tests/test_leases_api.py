@@ -465,3 +465,18 @@ async def test_the_desk_pages_through_changes_and_judges_stop_expiry_by_its_cloc
         assert (claims.issued_at, claims.generation) == (now + 10, 5)
     finally:
         await registry.aclose()
+
+
+async def test_a_failed_store_answers_503_and_grants_nothing(store: dict[str, Any]) -> None:
+    async with plane(store) as (client, stores):
+        run = (await register(client))["run"]["run_id"]
+        await stores.registry.aclose()  # the stop registry gone: no grant without a stop check
+        r = await renew(client, run)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "registry_unavailable"
+        r = await client.post("/v1/leases/renew", json={"runs": [run]}, headers=auth("agent"))
+        assert r.status_code == 503
+        r = await client.post("/v1/runs", json={}, headers=auth("agent"))
+        assert r.status_code == 503 and "token" not in r.text
+        await stores.runs.aclose()
+        r = await client.get(f"/v1/runs/{run}", headers=auth("operator"))
+        assert r.status_code == 503 and r.json()["error"]["retryable"] is True
