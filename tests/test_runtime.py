@@ -61,6 +61,7 @@ async def control_plane(db: Path, port: int = 0) -> AsyncIterator[str]:
     data = control_config({"backend": "sqlite", "path": str(db)})
     data["control"]["heartbeat_s"] = HEARTBEAT_S
     data["identities"].append(OPS)
+    data["broker"] = {"ttl_s": 600, "audiences": ["orders"], "generate": True}
     async with serving(create_app(parse_control_config(data)), port=port, graceful_s=1) as url:
         yield url
 
@@ -431,3 +432,17 @@ async def test_a_pool_hears_a_stop_by_push_long_before_its_next_renewal(tmp_path
         for lease in leases:
             await ended_within(lease, 2.0)
             assert lease.notice is not None and lease.notice.stop_id == issued["stop_id"]
+
+
+async def test_a_runs_broker_credential_is_reused_and_refused_once_the_run_is_stopped(tmp_path: Path) -> None:
+    async with control_plane(tmp_path / "c.db") as url, agent(url) as control:
+        async with Lease.start(control, push=False) as lease:
+            token = await lease.credential("orders")
+            assert await lease.credential("orders") == token, "reused: far from two thirds of its life"
+            await stop(url, f"run:{lease.run_id}")
+            lease._credentials.clear()  # as if two thirds of its life had passed
+            with pytest.raises(StopRequested) as exc:
+                await lease.credential("orders")
+            assert exc.value.notice.code == "stopped"
+            with pytest.raises(StopRequested):
+                lease.require()  # the broker's refusal ended the lease too

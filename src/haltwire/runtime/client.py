@@ -114,6 +114,13 @@ class ControlClient:
             dict(data.get("refused", {})),
         )
 
+    async def credential(self, run_id: str, audience: str) -> dict[str, Any]:
+        """A run credential from the broker: ``{"token", "jti", "audience", "issued_at", "expires_at", "kid"}``."""
+        result: dict[str, Any] = await self._call(
+            "POST", f"/v1/runs/{run_id}/credentials", {"audience": audience}
+        )
+        return result
+
     async def end_run(self, run_id: str) -> dict[str, Any]:
         result: dict[str, Any] = await self._call("POST", f"/v1/runs/{run_id}/end")
         return result

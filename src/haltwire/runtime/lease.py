@@ -96,6 +96,8 @@ class Lease:
         self.notice: StopNotice | None = None
         #: Set once the lease has ended (refused, stopped, or run out).
         self.ended = anyio.Event()
+        # Broker credentials by audience: (token, when to ask again on the monotonic clock).
+        self._credentials: dict[str, tuple[str, float]] = {}
 
     @classmethod
     async def register(
@@ -186,6 +188,28 @@ class Lease:
         if self.notice is not None:
             raise StopRequested(self.notice)
         return self._grant.token
+
+    async def credential(self, audience: str) -> str:
+        """A broker credential for ``audience`` (a downstream system), reused until two thirds
+        of its life have passed. ``StopRequested`` once the run must stop: the broker refuses
+        a stopped run, and this lease's own state is checked first."""
+        self.require()
+        held = self._credentials.get(audience)
+        if held is not None and self._monotonic() < held[1]:
+            return held[0]
+        sent = self._monotonic()
+        try:
+            issued = await self.control.credential(self.run_id, audience)
+        except ControlRefused as exc:
+            if exc.code in ("stopped", "run_ended"):
+                self._end(StopNotice.from_error(exc.error))
+                raise StopRequested(self.notice or StopNotice.from_error(exc.error)) from None
+            raise
+        issued_at, expires_at = float(issued["issued_at"]), float(issued["expires_at"])
+        token = str(issued["token"])
+        # Its lifetime is measured on our clock from the request: the broker's clock may differ.
+        self._credentials[audience] = (token, sent + (expires_at - issued_at) * 2 / 3)
+        return token
 
     async def save_checkpoint(self, data: dict[str, Any]) -> dict[str, Any]:
         """Save where the run is, for a later run to ``resume_from`` after a stop is cleared."""
