@@ -41,7 +41,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,7 +48,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +56,8 @@ from typing import Any
 import anyio
 import httpx2
 
-HOST = "127.0.0.1"
+from procs import HOST, free_port, load_average, pct, processes, spawn, wait_ready
+
 TOKEN = "tok-bench"
 AGENT = "bench-bot"
 TOOL = "lookup_order"
@@ -192,29 +192,6 @@ url = "{upstream}"
 # --------------------------------------------------------------------------------------
 
 
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    if not s:
-        return float("nan")
-    k = (len(s) - 1) * q
-    lo = int(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
-def load_average() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "unknown"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
 def cpu_seconds(pid: int) -> float:
     """User+system CPU time of a process, from /proc (Linux)."""
     try:
@@ -233,50 +210,6 @@ class Proc:
     @property
     def pid(self) -> int | None:
         return None if self.popen is None else self.popen.pid
-
-
-def spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with log.open("wb") as out:
-        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
-
-
-def _read(log: Path) -> str:
-    return log.read_text(errors="replace")
-
-
-async def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    """Wait until ``url`` answers HTTP at all (30 s at most), or fail with the server's log."""
-    with anyio.move_on_after(30):
-        async with httpx2.AsyncClient(timeout=2.0) as http:
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{url}: the server exited ({proc.returncode}):\n{_read(log)}")
-                try:
-                    # Any HTTP answer will do; streamed, since a GET of an MCP endpoint may be an
-                    # SSE stream that never ends.
-                    async with http.stream("GET", url, headers={"accept": "application/json"}):
-                        return
-                except httpx2.TransportError:
-                    await anyio.sleep(0.05)
-    raise RuntimeError(f"{url} did not come up in 30 s:\n{_read(log)}")
-
-
-@contextlib.contextmanager
-def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        yield procs
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
 
 
 # --------------------------------------------------------------------------------------

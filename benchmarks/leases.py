@@ -41,7 +41,8 @@ import httpx2
 
 from haltwire.store.runs import QUERIES, RunRecord, as_row
 from haltwire.tokens import LeaseClaims, LeaseKeys
-from stop_propagation import HOST, free_port, load_average, pct, postgres_schema, processes, spawn, wait_ready
+from procs import HOST, free_port, load_average, pct, processes, spawn, wait_ready
+from stop_propagation import postgres_schema
 
 SECRET: Final = "bench-lease-key-" + "x" * 32
 AGENT_TOKEN: Final = "bench-agent"

@@ -1,0 +1,100 @@
+"""What the benchmarks share: servers as separate processes, percentiles, machine load.
+
+Each benchmark starts real haltwire (and rival) servers with ``spawn`` inside ``processes``
+and waits for them with ``wait_ready``; nothing here measures anything by itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import httpx2
+
+HOST = "127.0.0.1"
+
+
+def pct(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) by linear interpolation; NaN for no values."""
+    s = sorted(values)
+    if not s:
+        return float("nan")
+    k = (len(s) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def load_average() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with log.open("wb") as out:
+        # A session of its own: a Ctrl-C reaches the benchmark only, which then stops the
+        # servers in order (watchers must not see the control plane vanish first and log errors).
+        return subprocess.Popen(
+            args,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
+def _read(log: Path) -> str:
+    return log.read_text(errors="replace")
+
+
+async def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    """Wait until ``url`` answers HTTP at all (30 s at most), or fail with the server's log."""
+    with anyio.move_on_after(30):
+        async with httpx2.AsyncClient(timeout=2.0) as http:
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{url}: the server exited ({proc.returncode}):\n{_read(log)}")
+                try:
+                    # Any HTTP answer will do; streamed, since a GET of an MCP endpoint may be an
+                    # SSE stream that never ends.
+                    async with http.stream("GET", url, headers={"accept": "application/json"}):
+                        return
+                except httpx2.TransportError:
+                    await anyio.sleep(0.05)
+    raise RuntimeError(f"{url} did not come up in 30 s:\n{_read(log)}")
+
+
+@contextlib.contextmanager
+def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Servers started in the block; each is terminated (killed after 5 s) when it exits, however.
+
+    Last started, first stopped: a gateway before the control plane it follows.
+    """
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        yield procs
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
