@@ -17,7 +17,7 @@ from dataclasses import asdict
 from typing import Any, Final
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -31,6 +31,7 @@ from haltwire.control.leases import LeaseDesk
 from haltwire.control.openapi import openapi_json
 from haltwire.control.runs import routes as run_routes
 from haltwire.control.stores import Stores, open_stores
+from haltwire.control.wire import Body, Refused, parse_body
 from haltwire.identity import bearer_token, token_sha256
 from haltwire.refusal import unauthenticated
 from haltwire.scope import ScopeError
@@ -58,29 +59,13 @@ ROLES: Final[Mapping[str, frozenset[str]]] = {
 }
 
 
-class Refused(Exception):
-    """An HTTP error answered as ``{"error": {...}}``."""
-
-    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.extra = status, code, message, extra
-
-    def response(self) -> JSONResponse:
-        error = {"code": self.code, "message": self.message, "retryable": self.status == 503, **self.extra}
-        return JSONResponse({"error": error}, status_code=self.status)
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class IssueBody(_Body):
+class IssueBody(Body):
     scope: str
     reason: str = Field(min_length=1)
     expires_at: float | None = Field(default=None, allow_inf_nan=False)  # inf made every stops list a 500
 
 
-class ClearBody(_Body):
+class ClearBody(Body):
     reason: str = Field(min_length=1)
 
 
@@ -184,26 +169,16 @@ def _unauthenticated(reason: str) -> Refused:
     return Refused(401, refusal.code, refusal.message)
 
 
-def _plane(request: Request) -> Plane:
+def plane_of(request: Request) -> Plane:
     plane: Plane = request.app.state.plane
     return plane
 
 
-async def _body(request: Request, model: type[_Body]) -> Any:
-    try:
-        return model.model_validate_json(await request.body())
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()
-        )
-        raise Refused(422, "invalid_request", problems) from None
-
-
 async def issue_stop(request: Request) -> Response:
-    plane = _plane(request)
+    plane = plane_of(request)
     caller = await plane.authorize(request, "stop.issue", write=True)
     try:
-        body: IssueBody = await _body(request, IssueBody)
+        body: IssueBody = await parse_body(request, IssueBody)
         stop = await plane.open.registry.issue_stop(
             body.scope, body.reason, caller.name, now=time.time(), expires_at=body.expires_at
         )
@@ -217,12 +192,12 @@ async def issue_stop(request: Request) -> Response:
 
 
 async def clear_stop(request: Request) -> Response:
-    plane = _plane(request)
+    plane = plane_of(request)
     stop_id = request.path_params["stop_id"]
     caller = await plane.authorize(request, "stop.clear", stop_id, write=True)
     registry = plane.open.registry
     try:
-        body: ClearBody = await _body(request, ClearBody)
+        body: ClearBody = await parse_body(request, ClearBody)
         stop = await registry.clear_stop(stop_id, caller.name, body.reason, now=time.time())
     except Refused as exc:
         await plane.audit(caller, "stop.clear", stop_id, "refused", exc.message)
@@ -239,7 +214,7 @@ async def clear_stop(request: Request) -> Response:
 
 
 async def list_stops(request: Request) -> Response:
-    plane = _plane(request)
+    plane = plane_of(request)
     caller = await plane.authorize(request, "stops.read")
     registry = plane.open.registry
     if request.query_params.get("all") in ("1", "true", "yes"):
@@ -250,14 +225,14 @@ async def list_stops(request: Request) -> Response:
 
 
 async def list_audit(request: Request) -> Response:
-    plane = _plane(request)
+    plane = plane_of(request)
     await plane.authorize(request, "audit.read")
     records = await plane.open.audit.records(target=request.query_params.get("target"))
     return JSONResponse({"records": [asdict(r) for r in records]})
 
 
 async def verify_audit(request: Request) -> Response:
-    plane = _plane(request)
+    plane = plane_of(request)
     await plane.authorize(request, "audit.read")
     return JSONResponse(asdict(verify(await plane.open.audit.records())))
 
@@ -275,7 +250,7 @@ def _revision(text: str | None, name: str) -> int:
 
 
 async def watch(request: Request) -> Response:
-    plane = _plane(request)
+    plane = plane_of(request)
     caller = await plane.authorize(request, "watch")
     last_id = request.headers.get("last-event-id")
     since = (
@@ -321,7 +296,7 @@ async def watch(request: Request) -> Response:
 
 
 async def healthz(request: Request) -> Response:
-    plane = _plane(request)
+    plane = plane_of(request)
     try:
         revision = await plane.open.registry.revision()
     except RegistryUnavailable as exc:

@@ -39,6 +39,7 @@ from haltwire.control import app as http
 from haltwire.control import runs
 from haltwire.control.config import BrokerSection, ControlConfig
 from haltwire.control.leases import AuditOnce, LeaseRefused, refused
+from haltwire.control.wire import Body, Refused, parse_body
 from haltwire.credentials import ALGORITHM, ISSUER, JWKS_PATH
 from haltwire.refusal import stopped
 from haltwire.stopset import StopMirror
@@ -46,7 +47,6 @@ from haltwire.store.credentials import CredentialRecord
 from haltwire.store.runs import RunRecord
 
 log = logging.getLogger("haltwire.broker")
-
 
 
 class BrokerKeys:
@@ -185,7 +185,7 @@ class Broker:
         return self._noted.first(run_id, refusal)
 
 
-class CredentialBody(runs._Body):
+class CredentialBody(Body):
     audience: str = Field(min_length=1, max_length=256)
 
 
@@ -202,29 +202,29 @@ def credential_json(token: str, record: CredentialRecord) -> dict[str, Any]:
 
 def _broker(plane: http.Plane) -> Broker:
     if plane.broker is None:
-        raise http.Refused(501, "broker_not_configured", "this control plane has no [broker]")
+        raise Refused(501, "broker_not_configured", "this control plane has no [broker]")
     return plane.broker
 
 
 async def issue_credential(request: Request) -> Response:
-    plane = http._plane(request)
+    plane = http.plane_of(request)
     run_id = request.path_params["run_id"]
     caller = await plane.authorize(request, "credential.issue", run_id, write=True)
     broker = _broker(plane)
 
-    async def refuse(exc: http.Refused) -> http.Refused:
+    async def refuse(exc: Refused) -> Refused:
         await plane.audit(caller, "credential.issue", run_id, "refused", exc.message, code=exc.code)
         return exc
 
     try:
-        body: CredentialBody = await runs._parse(request, CredentialBody)
-    except http.Refused as exc:
+        body: CredentialBody = await parse_body(request, CredentialBody)
+    except Refused as exc:
         raise await refuse(exc) from None
-    run = await runs._run_for(plane, caller, run_id, "credential.issue", audit=True)
+    run = await runs.run_for(plane, caller, run_id, "credential.issue", audit=True)
     if body.audience not in broker.audiences:
         known = ", ".join(sorted(broker.audiences))
         raise await refuse(
-            http.Refused(422, "invalid_request", f"unknown audience {body.audience!r}; known: {known}")
+            Refused(422, "invalid_request", f"unknown audience {body.audience!r}; known: {known}")
         )
     await broker.mirror.catch_up(plane.open.registry)
     issued = broker.issue(run, body.audience)
@@ -233,7 +233,7 @@ async def issue_credential(request: Request) -> Response:
             detail = {k: v for k, v in issued.error.items() if k in ("code", "stop_id")}
             message = str(issued.error["message"])
             await plane.audit(caller, "credential.issue", run_id, "refused", message, **detail)
-        raise runs._refused(issued)
+        raise runs.as_refused(issued)
     token, record = issued
     # Mapped before it is handed out: a credential the map does not list never leaves (fail closed).
     await plane.open.credentials.record(record)
@@ -252,16 +252,16 @@ async def issue_credential(request: Request) -> Response:
 
 
 async def list_credentials(request: Request) -> Response:
-    plane = http._plane(request)
+    plane = http.plane_of(request)
     run_id = request.path_params["run_id"]
     caller = await plane.authorize(request, "credentials.read")
-    await runs._run_for(plane, caller, run_id, "credentials.read", audit=False)
+    await runs.run_for(plane, caller, run_id, "credentials.read", audit=False)
     records = await plane.open.credentials.for_run(run_id)
     return JSONResponse({"credentials": [asdict(r) for r in records]})
 
 
 async def jwks(request: Request) -> Response:
-    broker = _broker(http._plane(request))
+    broker = _broker(http.plane_of(request))
     # Short caching: a verifier meeting an unknown kid refetches anyway.
     return JSONResponse(broker.keys.jwks(), headers={"Cache-Control": "public, max-age=60"})
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict
 from typing import Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -24,6 +24,7 @@ from starlette.routing import Route
 from haltwire.control import app as http
 from haltwire.control.config import Caller
 from haltwire.control.leases import LeaseDesk, LeaseRefused, refused
+from haltwire.control.wire import Body, Refused, parse_body
 from haltwire.store.runs import Checkpoint, RunExists, RunRecord, UnknownRun, new_run_id
 from haltwire.tokens import Grant
 
@@ -33,22 +34,18 @@ MAX_BATCH: Final = 1000
 MAX_CHECKPOINT_BYTES: Final = 1 << 20
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class RegisterBody(_Body):
+class RegisterBody(Body):
     run_id: str | None = Field(default=None, pattern=RUN_ID)
     tools: list[str] = Field(default_factory=list, max_length=MAX_BATCH)
     agent_class: str = "default"
     resume_from: str | None = None
 
 
-class RenewBody(_Body):
+class RenewBody(Body):
     runs: list[str] = Field(min_length=1, max_length=MAX_BATCH)
 
 
-class CheckpointBody(_Body):
+class CheckpointBody(Body):
     data: dict[str, Any]
 
     @field_validator("data")
@@ -70,25 +67,15 @@ def checkpoint_json(checkpoint: Checkpoint | None) -> dict[str, Any] | None:
     return None if checkpoint is None else asdict(checkpoint)
 
 
-async def _parse(request: Request, model: type[_Body]) -> Any:
-    try:
-        return model.model_validate_json(await request.body())
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()
-        )
-        raise http.Refused(422, "invalid_request", problems) from None
-
-
 def _desk(plane: http.Plane) -> LeaseDesk:
     if plane.leases is None:
-        raise http.Refused(501, "leases_not_configured", "this control plane has no [leases] keys")
+        raise Refused(501, "leases_not_configured", "this control plane has no [leases] keys")
     return plane.leases
 
 
-def _refused(refusal: LeaseRefused) -> http.Refused:
+def as_refused(refusal: LeaseRefused) -> Refused:
     extra = {k: v for k, v in refusal.error.items() if k not in ("code", "message", "retryable")}
-    return http.Refused(refusal.status, refusal.code, str(refusal.error["message"]), **extra)
+    return Refused(refusal.status, refusal.code, str(refusal.error["message"]), **extra)
 
 
 def _owns(caller: Caller, run: RunRecord) -> bool:
@@ -103,7 +90,7 @@ def _unknown(run_id: str) -> LeaseRefused:
     return refused(404, "unknown_run", f"no run has the id {run_id}")
 
 
-async def _run_for(plane: http.Plane, caller: Caller, run_id: str, action: str, audit: bool) -> RunRecord:
+async def run_for(plane: http.Plane, caller: Caller, run_id: str, action: str, audit: bool) -> RunRecord:
     """The run, if it exists and ``caller`` may act on it; refusals are audited when ``audit``."""
     run = await plane.open.runs.get(run_id)
     if run is not None and _owns(caller, run):
@@ -111,29 +98,29 @@ async def _run_for(plane: http.Plane, caller: Caller, run_id: str, action: str, 
     problem = _unknown(run_id) if run is None else _not_owner(caller, run_id)
     if audit:
         await plane.audit(caller, action, run_id, "refused", str(problem.error["message"]))
-    raise _refused(problem)
+    raise as_refused(problem)
 
 
 async def register_run(request: Request) -> Response:
-    plane = http._plane(request)
+    plane = http.plane_of(request)
     caller = await plane.authorize(request, "run.register", write=True)
     desk = _desk(plane)
     assert caller.agent is not None  # the config requires it of role agent
     stores = plane.open
 
-    async def refuse(exc: http.Refused, target: str = "") -> http.Refused:
+    async def refuse(exc: Refused, target: str = "") -> Refused:
         await plane.audit(caller, "run.register", target, "refused", exc.message, code=exc.code)
         return exc
 
     try:
-        body: RegisterBody = await _parse(request, RegisterBody)
-    except http.Refused as exc:
+        body: RegisterBody = await parse_body(request, RegisterBody)
+    except Refused as exc:
         raise await refuse(exc) from None
     run_id = body.run_id or new_run_id()
     if body.agent_class not in desk.classes:
         known = ", ".join(sorted(desk.classes))
         raise await refuse(
-            http.Refused(422, "invalid_request", f"unknown agent_class {body.agent_class!r}; known: {known}"),
+            Refused(422, "invalid_request", f"unknown agent_class {body.agent_class!r}; known: {known}"),
             run_id,
         )
     checkpoint = None
@@ -141,7 +128,7 @@ async def register_run(request: Request) -> Response:
         earlier = await stores.runs.get(body.resume_from)
         if earlier is None or earlier.agent != caller.agent:
             message = f"resume_from: {body.resume_from} is not a run of agent {caller.agent}"
-            raise await refuse(http.Refused(422, "invalid_request", message), run_id)
+            raise await refuse(Refused(422, "invalid_request", message), run_id)
         checkpoint = await stores.runs.latest_checkpoint(body.resume_from)
     run = RunRecord(
         run_id=run_id,
@@ -157,14 +144,14 @@ async def register_run(request: Request) -> Response:
     await desk.catch_up(stores.registry)
     refusal = desk.check(run)
     if refusal is not None:  # nothing is recorded for a run that could not start
-        raise await refuse(_refused(refusal), run_id)
+        raise await refuse(as_refused(refusal), run_id)
     try:
         await stores.runs.register(run)
     except RunExists as exc:
-        raise await refuse(http.Refused(409, "run_exists", str(exc)), run_id) from None
+        raise await refuse(Refused(409, "run_exists", str(exc)), run_id) from None
     grant = desk.grant(run)
     if isinstance(grant, LeaseRefused):  # a stop landed between the check and the grant
-        raise await refuse(_refused(grant), run_id)
+        raise await refuse(as_refused(grant), run_id)
     await plane.audit(
         caller,
         "run.register",
@@ -211,7 +198,7 @@ async def _audit_refusals(
 
 
 async def renew_lease(request: Request) -> Response:
-    plane = http._plane(request)
+    plane = http.plane_of(request)
     caller = await plane.authorize(request, "lease.renew")
     desk = _desk(plane)
     run_id = request.path_params["run_id"]
@@ -219,15 +206,15 @@ async def renew_lease(request: Request) -> Response:
     result = _renewal(desk, caller, run_id, await plane.open.runs.get(run_id))
     if isinstance(result, LeaseRefused):
         await _audit_refusals(plane, desk, caller, {run_id: result})
-        raise _refused(result)
+        raise as_refused(result)
     return JSONResponse(result.json())
 
 
 async def renew_leases(request: Request) -> Response:
-    plane = http._plane(request)
+    plane = http.plane_of(request)
     caller = await plane.authorize(request, "lease.renew")
     desk = _desk(plane)
-    body: RenewBody = await _parse(request, RenewBody)
+    body: RenewBody = await parse_body(request, RenewBody)
     await desk.catch_up(plane.open.registry)  # once per batch: every run is checked at one revision
     found = await plane.open.runs.get_many(body.runs)
     leases: dict[str, dict[str, Any]] = {}
@@ -244,65 +231,63 @@ async def renew_leases(request: Request) -> Response:
 
 
 async def end_run(request: Request) -> Response:
-    plane = http._plane(request)
+    plane = http.plane_of(request)
     run_id = request.path_params["run_id"]
     caller = await plane.authorize(request, "run.end", run_id, write=True)
-    await _run_for(plane, caller, run_id, "run.end", audit=True)
+    await run_for(plane, caller, run_id, "run.end", audit=True)
     try:
         run = await plane.open.runs.end(run_id, time.time())
     except UnknownRun:
-        raise _refused(_unknown(run_id)) from None
+        raise as_refused(_unknown(run_id)) from None
     await plane.audit(caller, "run.end", run_id, "ok", "ended", ended_at=run.ended_at)
     return JSONResponse(run_json(run))
 
 
 async def save_checkpoint(request: Request) -> Response:
-    plane = http._plane(request)
+    plane = http.plane_of(request)
     run_id = request.path_params["run_id"]
     caller = await plane.authorize(request, "checkpoint.save", run_id, write=True)
     try:
         if len(await request.body()) > MAX_CHECKPOINT_BYTES:
-            raise http.Refused(
-                413, "payload_too_large", f"a checkpoint is at most {MAX_CHECKPOINT_BYTES} bytes"
-            )
-        body: CheckpointBody = await _parse(request, CheckpointBody)
-    except http.Refused as exc:
+            raise Refused(413, "payload_too_large", f"a checkpoint is at most {MAX_CHECKPOINT_BYTES} bytes")
+        body: CheckpointBody = await parse_body(request, CheckpointBody)
+    except Refused as exc:
         await plane.audit(caller, "checkpoint.save", run_id, "refused", exc.message)
         raise
-    await _run_for(plane, caller, run_id, "checkpoint.save", audit=True)
+    await run_for(plane, caller, run_id, "checkpoint.save", audit=True)
     checkpoint = await plane.open.runs.save_checkpoint(run_id, body.data, time.time())
     await plane.audit(caller, "checkpoint.save", run_id, "ok", "saved", seq=checkpoint.seq)
     return JSONResponse(asdict(checkpoint))
 
 
 async def latest_checkpoint(request: Request) -> Response:
-    plane = http._plane(request)
+    plane = http.plane_of(request)
     run_id = request.path_params["run_id"]
     caller = await plane.authorize(request, "checkpoint.read")
-    await _run_for(plane, caller, run_id, "checkpoint.read", audit=False)
+    await run_for(plane, caller, run_id, "checkpoint.read", audit=False)
     checkpoint = await plane.open.runs.latest_checkpoint(run_id)
     if checkpoint is None:
-        raise http.Refused(404, "no_checkpoint", f"run {run_id} has saved no checkpoint")
+        raise Refused(404, "no_checkpoint", f"run {run_id} has saved no checkpoint")
     return JSONResponse(asdict(checkpoint))
 
 
 async def get_run(request: Request) -> Response:
-    plane = http._plane(request)
+    plane = http.plane_of(request)
     caller = await plane.authorize(request, "run.read")
-    run = await _run_for(plane, caller, request.path_params["run_id"], "run.read", audit=False)
+    run = await run_for(plane, caller, request.path_params["run_id"], "run.read", audit=False)
     return JSONResponse(run_json(run))
 
 
 async def list_runs(request: Request) -> Response:
-    plane = http._plane(request)
+    plane = http.plane_of(request)
     await plane.authorize(request, "runs.list")
     text = request.query_params.get("limit", "100")
     try:
         limit = int(text)
     except ValueError:
-        raise http.Refused(422, "invalid_request", f"limit must be a number, not {text!r}") from None
+        raise Refused(422, "invalid_request", f"limit must be a number, not {text!r}") from None
     if not 1 <= limit <= MAX_BATCH:
-        raise http.Refused(422, "invalid_request", f"limit must be from 1 to {MAX_BATCH}")
+        raise Refused(422, "invalid_request", f"limit must be from 1 to {MAX_BATCH}")
     return JSONResponse({"runs": [run_json(r) for r in await plane.open.runs.list(limit)]})
 
 
