@@ -1,0 +1,164 @@
+"""Intents in the registry's SQLite file (table ``intents``).
+
+Its own connection to the file (WAL, ``synchronous=FULL``, one lock), like the run store's.
+Every write runs in ``BEGIN IMMEDIATE``, which excludes every other writer on the file, so
+two executors (two connections, two processes) never claim one intent.
+"""
+
+from __future__ import annotations
+
+import builtins
+import sqlite3
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+from haltwire.scope import Scope
+from haltwire.store.intents import (
+    DDL,
+    QUERIES,
+    Created,
+    Intent,
+    as_row,
+    cancel_query,
+    claimant,
+    decider,
+    from_row,
+    list_query,
+    lost_race,
+    move_params,
+    moved,
+    new_intent,
+    oldest_first,
+    recorded,
+)
+from haltwire.store.sql import SqliteConnection, immediate
+
+_TABLES = {"intents": "intents", "lock": "", "skip": ""}
+_SCHEMA = ";\n".join(statement.format(**_TABLES) for statement in DDL) + ";"
+_Q = {name: text.format(**_TABLES) for name, text in QUERIES.items()}
+
+
+def _get(conn: sqlite3.Connection, intent_id: str) -> Intent | None:
+    row = conn.execute(_Q["get"], (intent_id,)).fetchone()
+    return None if row is None else from_row(row)
+
+
+class SqliteIntentStore:
+    def __init__(self, db: SqliteConnection) -> None:
+        self._db = db
+
+    @classmethod
+    async def open(cls, path: str | Path) -> SqliteIntentStore:
+        return cls(await SqliteConnection.open(path, _SCHEMA, what="intent store", store="intents"))
+
+    async def create(
+        self,
+        *,
+        agent: str,
+        tenant: str,
+        version: str,
+        tool: str,
+        arguments: dict[str, Any],
+        idempotency_key: str,
+        now: float,
+        run_id: str | None = None,
+        needs_approval: bool = False,
+    ) -> Created:
+        intent = new_intent(
+            agent=agent,
+            tenant=tenant,
+            version=version,
+            tool=tool,
+            arguments=arguments,
+            idempotency_key=idempotency_key,
+            now=now,
+            run_id=run_id,
+            needs_approval=needs_approval,
+        )
+
+        def write(conn: sqlite3.Connection) -> Created:
+            with immediate(conn):
+                rows = conn.execute(_Q["create"], as_row(intent)).fetchall()
+                if rows:
+                    return Created(from_row(rows[0]), True)
+                row = conn.execute(_Q["by_key"], (agent, idempotency_key)).fetchone()
+            return recorded(from_row(row), intent)
+
+        return await self._db.run(write)
+
+    async def get(self, intent_id: str) -> Intent | None:
+        return await self._db.run(lambda conn: _get(conn, intent_id))
+
+    async def by_key(self, agent: str, idempotency_key: str) -> Intent | None:
+        row = await self._db.run(lambda conn: conn.execute(_Q["by_key"], (agent, idempotency_key)).fetchone())
+        return None if row is None else from_row(row)
+
+    async def list(
+        self, run_id: str | None = None, states: Collection[str] | None = None, limit: int = 100
+    ) -> builtins.list[Intent]:
+        text, params = list_query(run_id, states, limit)
+        query = text.format(**_TABLES)
+        rows = await self._db.run(lambda conn: conn.execute(query, params).fetchall())
+        return [from_row(row) for row in rows]
+
+    async def claim_next(self, executor: str, now: float) -> Intent | None:
+        params = (claimant(executor), now, now)
+
+        def write(conn: sqlite3.Connection) -> Intent | None:
+            with immediate(conn):
+                rows = conn.execute(_Q["claim_next"], params).fetchall()
+            return from_row(rows[0]) if rows else None
+
+        return await self._db.run(write)
+
+    async def _move(self, intent_id: str, action: str, executor: str | None = None, **fields: Any) -> Intent:
+        def write(conn: sqlite3.Connection) -> Intent:
+            with immediate(conn):  # read, check and write the state in one write transaction
+                current = _get(conn, intent_id)
+                new = moved(current, intent_id, action, executor, **fields)
+                assert current is not None
+                rows = conn.execute(_Q["move"], move_params(current, new)).fetchall()
+            if not rows:
+                raise lost_race(intent_id, action)
+            return from_row(rows[0])
+
+        return await self._db.run(write)
+
+    async def commit(self, intent_id: str, executor: str, outcome: Any, now: float) -> Intent:
+        return await self._move(intent_id, "commit", claimant(executor), outcome=outcome, updated_at=now)
+
+    async def fail(self, intent_id: str, executor: str, error: str, now: float) -> Intent:
+        return await self._move(intent_id, "fail", claimant(executor), error=error, updated_at=now)
+
+    async def mark_unknown(self, executor: str, now: float) -> builtins.list[Intent]:
+        params = (now, claimant(executor))
+
+        def write(conn: sqlite3.Connection) -> builtins.list[Intent]:
+            with immediate(conn):
+                rows = conn.execute(_Q["mark_unknown"], params).fetchall()
+            return oldest_first([from_row(row) for row in rows])
+
+        return await self._db.run(write)
+
+    async def cancel_for_stop(self, scope: Scope, stop_id: str, now: float) -> builtins.list[Intent]:
+        text, params = cancel_query(scope, stop_id, now)
+        query = text.format(**_TABLES)
+
+        def write(conn: sqlite3.Connection) -> builtins.list[Intent]:
+            with immediate(conn):
+                rows = conn.execute(query, params).fetchall()
+            return oldest_first([from_row(row) for row in rows])
+
+        return await self._db.run(write)
+
+    async def approve(self, intent_id: str, by: str, now: float) -> Intent:
+        return await self._move(intent_id, "approve", decided_by=decider(by), updated_at=now)
+
+    async def reject(self, intent_id: str, by: str, reason: str, now: float) -> Intent:
+        return await self._move(
+            intent_id, "reject", decided_by=decider(by, reason), decision_reason=reason, updated_at=now
+        )
+
+    async def aclose(self) -> None:
+        await self._db.aclose()
