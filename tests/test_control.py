@@ -100,7 +100,7 @@ class Events:
 
 # -- role matrix -----------------------------------------------------------------------------
 
-ALLOWED = {
+ALLOWED: dict[str, set[str | None]] = {
     "issue": {"operator", "tripwire"},
     "clear": {"operator"},
     "stops": set(ROLES),

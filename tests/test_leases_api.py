@@ -21,7 +21,7 @@ from haltwire.control.stores import Stores, open_stores
 from haltwire.serve import serving
 from haltwire.stopset import StopSet
 from haltwire.store.runs import RunRecord
-from haltwire.tokens import LeaseKeys
+from haltwire.tokens import Grant, LeaseKeys
 from harness import postgres_section
 from test_control import ROLES, TOKEN
 
@@ -357,9 +357,9 @@ async def test_a_new_run_resumes_from_the_latest_checkpoint(store: dict[str, Any
         assert [r["run_id"] for r in listed] == ["r-2", "r-1"]
         one = (await client.get("/v1/runs?limit=1", headers=auth("operator"))).json()["runs"]
         assert [r["run_id"] for r in one] == ["r-2"]
-        for bad in ("0", "1001", "many"):
-            r = await client.get(f"/v1/runs?limit={bad}", headers=auth("operator"))
-            assert r.status_code == 422, bad
+        for limit in ("0", "1001", "many"):
+            refused = await client.get(f"/v1/runs?limit={limit}", headers=auth("operator"))
+            assert refused.status_code == 422, limit
         saves = [r for r in await audit(client) if r["action"] == "checkpoint.save"]
         assert [(r["outcome"], r["detail"].get("seq")) for r in saves] == [
             ("ok", 1),
@@ -459,7 +459,7 @@ async def test_the_desk_pages_through_changes_and_judges_stop_expiry_by_its_cloc
         assert isinstance(refusal, leases.LeaseRefused) and refusal.code == "stopped"
         clock[0] = now + 10  # the stop has expired by the desk's clock
         grant = desk.grant(run)
-        assert isinstance(grant, leases.Grant) and grant.generation == 5
+        assert isinstance(grant, Grant) and grant.generation == 5
         assert grant.expires_at == now + 10 + 15
         claims = KEYS.verify(grant.token, now=now + 11)
         assert (claims.issued_at, claims.generation) == (now + 10, 5)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Any, cast
 
 import jwt
 import pytest
@@ -85,7 +86,7 @@ def test_tampered_claims_are_invalid(change: dict[str, object]) -> None:
 def test_unsigned_and_wrong_algorithm_tokens_are_invalid() -> None:
     keys = LeaseKeys({"k1": K1}, signing="k1")
     payload = claims().payload()
-    unsigned = jwt.encode(payload, None, algorithm="none", headers={"kid": "k1"})
+    unsigned = jwt.encode(payload, cast(Any, None), algorithm="none", headers={"kid": "k1"})
     with pytest.raises(LeaseInvalid):
         keys.verify(unsigned, now=NOW)
     hs512 = jwt.encode(payload, K1 * 2, algorithm="HS512", headers={"kid": "k1"})

@@ -12,7 +12,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import mcp.types as types
@@ -106,7 +106,9 @@ async def test_one_post_per_call_carrying_the_envelope_headers_and_the_callers_m
         assert upstream_of(app)._modern is not None
         async with connect(url, TOKENS["ops-bot"]) as client:
             before = len(seen.requests)
-            result = await client.call_tool("lookup_order", {"order_id": "B-7"}, meta={"trace": "t-1"})
+            result = await client.call_tool(
+                "lookup_order", {"order_id": "B-7"}, meta=cast(Any, {"trace": "t-1"})
+            )
             assert len(seen.requests) == before + 1  # one HTTP request, nothing else
             for _ in range(5):
                 assert not (await client.call_tool("lookup_order", {"order_id": "B-8"})).is_error
@@ -379,7 +381,7 @@ async def body_of(receive: Any) -> bytes:
     body = b""
     while True:
         m = await receive()
-        body += m.get("body", b"")
+        body += bytes(m.get("body", b""))
         if not m.get("more_body"):
             return body
 
@@ -448,7 +450,7 @@ async def test_an_sse_answer_relays_this_calls_progress_and_ends_with_its_respon
         notes.append((progress, total, msg))
 
     async with caller_for(scripted(answer)) as (caller, seen):
-        result = await caller.call_tool("t", {}, None, on_progress)
+        result = await caller.call_tool("t", {}, None, cast(Any, on_progress))
     assert result == {"content": []}  # the upstream's serverInfo is stripped
     assert notes == [(1, 2, None)]
     assert [r.method for r in seen.requests] == ["POST"]
@@ -468,7 +470,7 @@ async def test_an_sse_answer_cut_short_is_unavailable_and_not_resumed() -> None:
 
     async with caller_for(scripted(answer)) as (caller, seen):
         with pytest.raises(UpstreamUnavailable, match="ended without a response"):
-            await caller.call_tool("t", {}, None, on_progress)
+            await caller.call_tool("t", {}, None, cast(Any, on_progress))
     assert notes == [1]
     assert [r.method for r in seen.requests] == ["POST"]
 
@@ -553,7 +555,7 @@ async def test_cancelling_a_call_mid_stream_closes_its_connection() -> None:
         started.set()
 
     async with caller_for(app) as (caller, _), anyio.create_task_group() as tg:
-        tg.start_soon(caller.call_tool, "t", {}, None, on_progress)
+        tg.start_soon(caller.call_tool, "t", {}, None, cast(Any, on_progress))
         with anyio.fail_after(5):
             await started.wait()
         tg.cancel_scope.cancel()
