@@ -30,6 +30,8 @@ BUILT: dict[str, Refusal] = {
     "tripwire_tripped": refusal.tripwire_tripped("refunds-per-run", "run-1"),
     "deadline_exceeded": refusal.deadline_exceeded("refund", 30),
     "unauthenticated": refusal.unauthenticated("no bearer token was sent"),
+    "idempotency_conflict": refusal.idempotency_conflict("refund-4711"),
+    "outcome_unknown": refusal.outcome_unknown("refund", "refund-4711"),
     "too_many_in_flight": refusal.too_many_in_flight("ops-bot", 2),
     "counters_unavailable": refusal.counters_unavailable(),
     "upstream_unavailable": refusal.upstream_unavailable("demo"),

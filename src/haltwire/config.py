@@ -163,6 +163,19 @@ class CountersSection(ConfigModel):
     timeout_s: float = Field(default=0.5, gt=0)
 
 
+#: Idempotency keys are kept at least this long outside development (issue: 24 hours).
+MIN_IDEMPOTENCY_TTL_S = 86400.0
+
+
+class IdempotencySection(ConfigModel):
+    """``[idempotency]``: how long a bounded tool's idempotency key and outcome are kept.
+
+    The records live where the counters do (``[counters] backend``).
+    """
+
+    ttl_s: float = Field(default=MIN_IDEMPOTENCY_TTL_S, gt=0)
+
+
 class ControlLink(ConfigModel):
     """The control plane whose stops this gateway enforces (``[control]``; absent: standalone)."""
 
@@ -264,6 +277,7 @@ class BrokerLink(ConfigModel):
 class GatewayConfig(ConfigModel):
     gateway: GatewaySection = Field(default_factory=GatewaySection)
     counters: CountersSection = Field(default_factory=CountersSection)
+    idempotency: IdempotencySection = Field(default_factory=IdempotencySection)
     control: ControlLink | None = None
     #: The keys lease tokens are verified with; absent: tokens are ignored, none can be required.
     leases: LeaseKeysSection | None = None
@@ -300,6 +314,11 @@ class GatewayConfig(ConfigModel):
                 raise ValueError(
                     "leases.keys: plain 'secret' is accepted only with gateway.development = true; use secret_env"
                 )
+        if self.idempotency.ttl_s < MIN_IDEMPOTENCY_TTL_S and not self.gateway.development:
+            raise ValueError(
+                f"idempotency.ttl_s ({self.idempotency.ttl_s:g}) must be at least "
+                f"{MIN_IDEMPOTENCY_TTL_S:g} (24 hours) outside development"
+            )
         if self.broker is not None and self.control is None:
             # A credential is revoked by stops: a gateway that does not follow them cannot tell.
             raise ValueError("broker: accepting run credentials needs [control] (its stops revoke them)")

@@ -32,6 +32,8 @@ TERMINAL_CODES: Final = frozenset(
         "tripwire_tripped",
         "deadline_exceeded",
         "unauthenticated",
+        "idempotency_conflict",
+        "outcome_unknown",
     }
 )
 
@@ -55,6 +57,8 @@ HTTP_STATUS: Final[dict[str, int]] = {
     "upstream_unavailable": 503,
     "registry_unreachable": 503,
     "deadline_exceeded": 504,
+    "idempotency_conflict": 409,
+    "outcome_unknown": 409,
     "payload_too_large": 413,
 }
 
@@ -74,6 +78,8 @@ class Refusal:
     resets_at: str | None = None
     retry_after_s: float | None = None
     extra: tuple[tuple[str, Any], ...] = ()
+    #: The tool result's ``_meta`` (the idempotency key the gateway used, say).
+    meta: tuple[tuple[str, Any], ...] = ()
 
     def error(self) -> dict[str, Any]:
         """The ``error`` object, as it appears in ``structuredContent`` and HTTP bodies."""
@@ -87,11 +93,14 @@ class Refusal:
 
     def tool_result(self) -> dict[str, Any]:
         """The refusal as an MCP ``CallToolResult`` in wire form."""
-        return {
+        out: dict[str, Any] = {
             "isError": True,
             "content": [{"type": "text", "text": self.message}],
             "structuredContent": {"error": self.error()},
         }
+        if self.meta:
+            out["_meta"] = dict(self.meta)
+        return out
 
     def http_body(self) -> bytes:
         return json.dumps({"error": self.error()}, separators=(",", ":")).encode()
@@ -134,6 +143,25 @@ def deadline_exceeded(tool: str, deadline_s: float, *, irreversible: bool = Fals
         "deadline_exceeded",
         f"The call to {tool} did not finish within {deadline_s:g} s and was cancelled "
         "with its outcome unknown",
+    )
+
+
+def idempotency_conflict(key: str) -> Refusal:
+    return _terminal(
+        "idempotency_conflict",
+        f"The idempotency key {key} was first used with different arguments and this call was not made",
+        extra=(("idempotency_key", key),),
+    )
+
+
+def outcome_unknown(tool: str, key: str) -> Refusal:
+    """A repeat of a call that has no recorded outcome: still in flight, or cut off by a crash or a
+    disconnect. Making it again could apply it twice, so it is not made."""
+    return _terminal(
+        "outcome_unknown",
+        f"An earlier call to {tool} with the idempotency key {key} is still in flight or ended "
+        "with its outcome unknown and this call was not made",
+        extra=(("outcome", "unknown"), ("idempotency_key", key)),
     )
 
 

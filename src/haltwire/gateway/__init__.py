@@ -14,6 +14,7 @@ from haltwire.config import GatewayConfig
 from haltwire.credentials import JwksKeys
 from haltwire.gateway.app import GatewayApp
 from haltwire.gateway.credentials import CredentialEdge
+from haltwire.gateway.idempotency import Idempotency
 from haltwire.gateway.leases import LeaseCheck
 from haltwire.gateway.proxy import Gateway
 from haltwire.gateway.upstreams import UpstreamError, Upstreams
@@ -21,6 +22,9 @@ from haltwire.killswitch import SuspensionFile
 from haltwire.store.counters import CounterStore
 from haltwire.store.counters.memory import MemoryCounters
 from haltwire.store.counters.redis import RedisCounters
+from haltwire.store.idempotency import IdempotencyStore
+from haltwire.store.idempotency.memory import MemoryIdempotency
+from haltwire.store.idempotency.redis import RedisIdempotency
 from haltwire.watch import ControlUnreachable, StopWatch
 
 
@@ -31,11 +35,21 @@ def counter_store(config: GatewayConfig) -> CounterStore:
     return MemoryCounters()
 
 
+def idempotency_store(config: GatewayConfig) -> IdempotencyStore:
+    """Idempotency records live where the counters do: in memory for one gateway (forgotten on a
+    restart), in Redis for several."""
+    c = config.counters
+    if c.backend == "redis":
+        return RedisIdempotency(c.url, prefix=c.prefix, timeout_s=c.timeout_s)
+    return MemoryIdempotency()
+
+
 def create_app(
     config: GatewayConfig, *, clock: Clock = time.time, store: CounterStore | None = None
 ) -> GatewayApp:
     """The gateway as an ASGI app. Upstreams connect when the app starts (ASGI lifespan)."""
     store = store if store is not None else counter_store(config)
+    idempotency = Idempotency(idempotency_store(config), config.idempotency.ttl_s, clock=clock)
     upstreams = Upstreams(config.upstreams)
     stops = StopWatch(config.control) if config.control is not None else None
     leases = None
@@ -53,10 +67,12 @@ def create_app(
         SuspensionFile(config.gateway.suspended_file),
         stops,
         leases,
+        idempotency,
     )
 
     async def startup(stack: AsyncExitStack) -> None:
         stack.push_async_callback(store.aclose)
+        stack.push_async_callback(idempotency.store.aclose)
         if stops is not None:
             # The current stops are held before the first call can arrive.
             tg = await stack.enter_async_context(anyio.create_task_group())
@@ -89,4 +105,5 @@ __all__ = [
     "UpstreamError",
     "counter_store",
     "create_app",
+    "idempotency_store",
 ]

@@ -1,12 +1,14 @@
 """The enforcement pipeline for one ``tools/call``: the kill switch, the lease, the stops, the ceilings,
-the upstream.
+the idempotency key (bounded tools), the upstream.
 
 Order matters and is fixed: a suspended identity, a bad lease or a stopped call is refused
 before anything is counted; a lease names the call's run, so run stops, the lease's fencing
 generation and the run's step budget apply to it;
 an admitted call holds its slots until the upstream answers, fails, times out or is
 cancelled (the ``finally`` below); the upstream call runs under the tool's deadline (the
-smaller of its limits' and its label's), so a hung upstream cannot hold a slot.
+smaller of its limits' and its label's), so a hung upstream cannot hold a slot. A call to a
+bounded tool is made at most once per idempotency key (``haltwire.gateway.idempotency``),
+checked after admission so that a refused call consumes no key.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from mcp_types import INVALID_PARAMS
 
 from haltwire import refusal
 from haltwire.ceilings import Ceilings
+from haltwire.gateway.idempotency import Idempotency
 from haltwire.gateway.leases import LeaseCheck, RunFence, without_lease
-from haltwire.gateway.upstreams import Progress, Upstreams, UpstreamUnavailable
+from haltwire.gateway.upstreams import Progress, Route, Upstreams, UpstreamUnavailable
 from haltwire.identity import Identity
 from haltwire.killswitch import SuspensionFile
 from haltwire.refusal import Refusal
@@ -48,8 +51,11 @@ class Gateway:
         suspensions: SuspensionFile,
         stops: StopWatch | None = None,
         leases: LeaseCheck | None = None,
+        idempotency: Idempotency | None = None,
     ) -> None:
         self.upstreams = upstreams
+        #: Idempotency keys for bounded tools; None: every call is forwarded as it comes.
+        self.idempotency = idempotency
         self.ceilings = ceilings
         self.suspensions = suspensions
         self.stops = stops
@@ -100,17 +106,15 @@ class Gateway:
         if isinstance(ticket, Refusal):
             return ticket
         try:
-            # The deadline cancels the upstream request (its HTTP stream is closed), so the
-            # upstream sees the cancellation too.
-            with anyio.fail_after(ticket.deadline_s):
-                return await route.upstream.call_tool(route.tool, arguments, meta, progress)
-        except TimeoutError:
-            # An irreversible call cut off here may have happened: its outcome is unknown.
-            irreversible = route.label == "irreversible"
-            return refusal.deadline_exceeded(name, ticket.deadline_s, irreversible=irreversible)
-        except UpstreamUnavailable as exc:
-            log.warning("upstream unavailable: %s", exc)
-            return refusal.upstream_unavailable(route.upstream.name)
+            if route.label == "bounded" and self.idempotency is not None:
+                # After admission, so a refused call consumes no key.
+                idempotency = self.idempotency
+
+                async def forward(keyed: dict[str, Any] | None) -> dict[str, Any] | Refusal:
+                    return await self._forward(route, name, arguments, keyed, progress, ticket.deadline_s)
+
+                return await idempotency.call(identity.agent, run, name, arguments, meta, forward)
+            return await self._forward(route, name, arguments, meta, progress, ticket.deadline_s)
         finally:
             # Shielded: a cancelled call (client gone) must still give its slot back.
             with anyio.move_on_after(RELEASE_TIMEOUT_S, shield=True):
@@ -120,3 +124,25 @@ class Gateway:
                     log.warning(
                         "could not release a slot of %s (%s); it expires by itself", identity.agent, exc
                     )
+
+    async def _forward(
+        self,
+        route: Route,
+        name: str,
+        arguments: dict[str, Any] | None,
+        meta: dict[str, Any] | None,
+        progress: Progress | None,
+        deadline_s: float,
+    ) -> dict[str, Any] | Refusal:
+        try:
+            # The deadline cancels the upstream request (its HTTP stream is closed), so the
+            # upstream sees the cancellation too.
+            with anyio.fail_after(deadline_s):
+                return await route.upstream.call_tool(route.tool, arguments, meta, progress)
+        except TimeoutError:
+            # An irreversible call cut off here may have happened: its outcome is unknown.
+            irreversible = route.label == "irreversible"
+            return refusal.deadline_exceeded(name, deadline_s, irreversible=irreversible)
+        except UpstreamUnavailable as exc:
+            log.warning("upstream unavailable: %s", exc)
+            return refusal.upstream_unavailable(route.upstream.name)
