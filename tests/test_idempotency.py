@@ -9,6 +9,7 @@ private ``redis-server`` and a unique key prefix.
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,16 @@ from mcp.types import CallToolResult
 from haltwire.config import ConfigError, parse_config
 from haltwire.gateway.idempotency import KEY_META, REPLAYED_META, derived_key
 from haltwire.store.counters.memory import MemoryCounters
-from haltwire.store.idempotency import CONFLICT, FRESH, IN_FLIGHT, Recorded
+from haltwire.store.idempotency import (
+    CONFLICT,
+    FRESH,
+    IN_FLIGHT,
+    IdempotencyStore,
+    IdempotencyUnavailable,
+    Recorded,
+)
 from haltwire.store.idempotency.memory import MemoryIdempotency
+from haltwire.store.idempotency.sqlite import SqliteIdempotency
 from haltwire.tokens import LEASE_META, LeaseClaims, LeaseKeys
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
 from redis_process import private_redis, unique_prefix
@@ -59,8 +68,22 @@ async def lookup(client: Client, order: str, key: str | None = None, **meta: Any
 # The memory store itself.
 
 
-async def test_memory_store_answers_each_state_and_honours_the_ttl_on_the_given_clock() -> None:
-    store = MemoryIdempotency()
+@pytest.fixture(params=["memory", "sqlite"])
+async def one_gateway_store(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[IdempotencyStore]:
+    """The stores of a single gateway: in memory, or in a SQLite file (outliving a restart)."""
+    store: IdempotencyStore = (
+        MemoryIdempotency() if request.param == "memory" else SqliteIdempotency(tmp_path / "idem.db")
+    )
+    yield store
+    await store.aclose()
+
+
+async def test_a_store_answers_each_state_and_honours_the_ttl_on_the_given_clock(
+    one_gateway_store: IdempotencyStore,
+) -> None:
+    store = one_gateway_store
     assert await store.begin("a:k", "fp1", now=1000.0, ttl_s=100.0) == FRESH
     assert await store.begin("a:k", "fp1", now=1001.0, ttl_s=100.0) == IN_FLIGHT
     assert await store.begin("a:k", "fp2", now=1001.0, ttl_s=100.0) == CONFLICT
@@ -71,6 +94,35 @@ async def test_memory_store_answers_each_state_and_honours_the_ttl_on_the_given_
     assert await store.begin("a:k", "fp2", now=1100.0, ttl_s=100.0) == FRESH
     await store.release("a:k")
     assert await store.begin("a:k", "fp3", now=1100.0, ttl_s=100.0) == FRESH
+
+
+async def test_sqlite_records_outlive_the_gateway_that_wrote_them(tmp_path: Path) -> None:
+    first = SqliteIdempotency(tmp_path / "idem.db")
+    assert await first.begin("a:done", "fp", now=1000.0, ttl_s=100.0) == FRESH
+    await first.complete("a:done", '{"result":{}}')
+    assert await first.begin("a:open", "fp", now=1000.0, ttl_s=100.0) == FRESH  # then a crash
+    await first.aclose()
+    again = SqliteIdempotency(tmp_path / "idem.db")  # the restarted gateway
+    assert await again.begin("a:done", "fp", now=1001.0, ttl_s=100.0) == Recorded('{"result":{}}')
+    assert await again.begin("a:open", "fp", now=1001.0, ttl_s=100.0) == IN_FLIGHT  # outcome unknown
+    await again.aclose()
+
+
+async def test_an_unusable_sqlite_path_is_unavailable_not_a_crash(tmp_path: Path) -> None:
+    store = SqliteIdempotency(tmp_path / "missing-dir" / "idem.db")
+    with pytest.raises(IdempotencyUnavailable):
+        await store.begin("a:k", "fp", now=1.0, ttl_s=1.0)
+
+
+async def test_a_gateway_with_a_records_file_replays_after_a_restart(tmp_path: Path) -> None:
+    async with running_upstream() as (demo, up):
+        config = bounded_config(up, idempotency={"ttl_s": 100.0, "path": str(tmp_path / "idem.db")})
+        for _ in range(2):  # the second gateway is the first one restarted
+            async with running_gateway(config) as (_, url), connect(url, TOKENS["ops-bot"]) as client:
+                result = await lookup(client, "A-1", "order-a1")
+                assert not result.is_error
+        assert meta_of(result)[REPLAYED_META] is True
+        assert demo.served["lookup_order"] == 1
 
 
 # Through the gateway.

@@ -174,6 +174,9 @@ class IdempotencySection(ConfigModel):
     """
 
     ttl_s: float = Field(default=MIN_IDEMPOTENCY_TTL_S, gt=0)
+    #: With in-memory counters: keep the records in this SQLite file instead of in memory, so
+    #: they outlive a gateway restart (relative to the config file).
+    path: Path | None = None
 
 
 class ControlLink(ConfigModel):
@@ -402,4 +405,8 @@ def load_config(path: str | Path) -> GatewayConfig:
         # A relative kill-switch path is relative to the config file, not the working directory.
         gw = config.gateway.model_copy(update={"suspended_file": p.parent / config.gateway.suspended_file})
         config = config.model_copy(update={"gateway": gw})
+    records = config.idempotency.path
+    if records is not None and not records.is_absolute():
+        idempotency = config.idempotency.model_copy(update={"path": p.parent / records})
+        config = config.model_copy(update={"idempotency": idempotency})
     return config

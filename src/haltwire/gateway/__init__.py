@@ -25,6 +25,7 @@ from haltwire.store.counters.redis import RedisCounters
 from haltwire.store.idempotency import IdempotencyStore
 from haltwire.store.idempotency.memory import MemoryIdempotency
 from haltwire.store.idempotency.redis import RedisIdempotency
+from haltwire.store.idempotency.sqlite import SqliteIdempotency
 from haltwire.watch import ControlUnreachable, StopWatch
 
 
@@ -36,11 +37,13 @@ def counter_store(config: GatewayConfig) -> CounterStore:
 
 
 def idempotency_store(config: GatewayConfig) -> IdempotencyStore:
-    """Idempotency records live where the counters do: in memory for one gateway (forgotten on a
-    restart), in Redis for several."""
+    """Idempotency records live where the counters do: in Redis for several gateways; for one,
+    in a SQLite file (``[idempotency] path``: they outlive a restart) or in memory."""
     c = config.counters
     if c.backend == "redis":
         return RedisIdempotency(c.url, prefix=c.prefix, timeout_s=c.timeout_s)
+    if config.idempotency.path is not None:
+        return SqliteIdempotency(config.idempotency.path)
     return MemoryIdempotency()
 
 
@@ -73,6 +76,8 @@ def create_app(
     async def startup(stack: AsyncExitStack) -> None:
         stack.push_async_callback(store.aclose)
         stack.push_async_callback(idempotency.store.aclose)
+        if isinstance(idempotency.store, SqliteIdempotency):
+            await idempotency.store.connect()  # an unusable path is a start-up error
         if stops is not None:
             # The current stops are held before the first call can arrive.
             tg = await stack.enter_async_context(anyio.create_task_group())
