@@ -27,6 +27,8 @@ from starlette.routing import Route
 from haltwire.control.broker import Broker
 from haltwire.control.broker import routes as broker_routes
 from haltwire.control.config import Caller, ControlConfig
+from haltwire.control.intents import cancel_for_stop
+from haltwire.control.intents import routes as intent_routes
 from haltwire.control.leases import LeaseDesk
 from haltwire.control.openapi import openapi_json
 from haltwire.control.runs import routes as run_routes
@@ -35,6 +37,7 @@ from haltwire.control.wire import Body, Refused, parse_body
 from haltwire.identity import bearer_token, token_sha256
 from haltwire.refusal import unauthenticated
 from haltwire.scope import ScopeError
+from haltwire.stopset import StopMirror
 from haltwire.store.audit import Outcome, verify
 from haltwire.store.registry import AlreadyCleared, Change, RegistryUnavailable, StopRecord, UnknownStop
 
@@ -56,6 +59,17 @@ ROLES: Final[Mapping[str, frozenset[str]]] = {
     # The credential broker (haltwire.control.broker): an agent asks for its own runs only.
     "credential.issue": frozenset({"agent"}),
     "credentials.read": frozenset({"operator", "viewer", "agent"}),
+    # Intents (haltwire.control.intents): the gateway records them, the executor claims and
+    # settles them, operators decide the ones awaiting approval; an agent reads its own.
+    "intent.create": frozenset({"gateway"}),
+    "intent.read": frozenset({"operator", "viewer", "executor", "gateway", "agent"}),
+    "intents.list": frozenset({"operator", "viewer", "executor", "gateway"}),
+    "intent.claim": frozenset({"executor"}),
+    "intent.commit": frozenset({"executor"}),
+    "intent.fail": frozenset({"executor"}),
+    "intent.unknown": frozenset({"executor"}),
+    "intent.approve": frozenset({"operator"}),
+    "intent.reject": frozenset({"operator"}),
 }
 
 
@@ -89,9 +103,11 @@ class Plane:
         self._run_agents: dict[str, str] = {}
         #: Grants leases to runs; None without [leases] (the run endpoints answer 501).
         self.leases = LeaseDesk.from_config(config)
+        #: The stops the plane's own decisions check (leases, credentials, new intents): the
+        #: lease desk's mirror, or one of its own without [leases].
+        self.mirror = self.leases.mirror if self.leases else StopMirror()
         #: Issues run credentials; None without [broker] (the credential endpoints answer 501).
-        #: It checks stops against the lease desk's mirror when there is one.
-        self.broker = Broker.from_config(config, self.leases.mirror if self.leases else None)
+        self.broker = Broker.from_config(config, self.mirror)
 
     @property
     def open(self) -> Stores:
@@ -188,6 +204,9 @@ async def issue_stop(request: Request) -> Response:
         raise Refused(422, "invalid_request", message) from None
     plane.notify()
     await plane.audit(caller, "stop.issue", stop.scope, "ok", stop.reason, stop_id=stop.stop_id)
+    # Before answering: once the stop is acknowledged, no intent it covers is still pending.
+    # A failure there is logged, not answered: the stop stands (see cancel_for_stop).
+    await cancel_for_stop(plane, caller, stop)
     return JSONResponse(stop_json(stop), status_code=201)
 
 
@@ -324,6 +343,7 @@ routes = [
     Route("/openapi.json", openapi_json, methods=["GET"]),
     *run_routes,
     *broker_routes,
+    *intent_routes,
 ]
 
 

@@ -3,7 +3,7 @@
 Shapes are derived, not restated: request bodies from the pydantic models the handlers
 validate with, responses from the dataclasses the handlers serialize (``StopRecord``,
 ``Change``, ``AuditRecord``, ``VerifyResult``, ``RunRecord``, ``Checkpoint``, ``Grant``,
-``CredentialRecord``), and
+``CredentialRecord``, ``Intent``), and
 which operations can answer 403 from ``ROLES``. Response objects are closed
 (``additionalProperties: false``, every field required, as ``asdict`` always writes every
 field), so a field added to a record without the document noticing fails the schemathesis
@@ -25,6 +25,7 @@ from haltwire.control.config import Role
 from haltwire.scope import KINDS
 from haltwire.store.audit import AuditRecord, VerifyResult
 from haltwire.store.credentials import CredentialRecord
+from haltwire.store.intents import STATES, Intent
 from haltwire.store.registry import Change, ChangeKind, StopRecord
 from haltwire.store.runs import Checkpoint, RunRecord
 from haltwire.tokens import Grant
@@ -64,6 +65,7 @@ def _components() -> dict[str, Any]:
     _derived(schemas, Checkpoint)
     _derived(schemas, Grant)
     _derived(schemas, CredentialRecord)
+    _derived(schemas, Intent)
     # The ``error`` object of every error body, and of each refused run in a batched renewal.
     # Optional fields: who may (403), and which stop refused a lease (409 stopped).
     schemas["ErrorObject"] = {
@@ -83,6 +85,7 @@ def _components() -> dict[str, Any]:
     schemas["Error"] = _closed({"type": "object", "properties": {"error": _ref("ErrorObject")}})
     schemas["StopList"] = _closed({"type": "object", "properties": {"stops": _array(_ref("StopRecord"))}})
     schemas["AuditList"] = _closed({"type": "object", "properties": {"records": _array(_ref("AuditRecord"))}})
+    schemas["IntentList"] = _closed({"type": "object", "properties": {"intents": _array(_ref("Intent"))}})
     schemas["RunList"] = _closed({"type": "object", "properties": {"runs": _array(_ref("RunRecord"))}})
     schemas["Registration"] = _closed(
         {
@@ -441,6 +444,142 @@ def _broker_paths(schemas: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _intent_paths(schemas: dict[str, Any]) -> dict[str, Any]:
+    """The intent endpoints (haltwire.control.intents)."""
+    from haltwire.control.intents import CommitBody, FailBody, IntentBody, RejectBody
+    from haltwire.control.runs import MAX_BATCH
+
+    intent_id = [{"name": "intent_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    unknown = (404, "unknown_intent: no intent has this id")
+    transition = (
+        409,
+        "invalid_transition: the intent's state does not allow this, or another executor claimed it",
+    )
+    one = _json("the intent", _ref("Intent"))
+    listed = _json("the intents, oldest first", _ref("IntentList"))
+
+    def settle(operation_id: str, summary: str, action: str, body: type[BaseModel] | None) -> dict[str, Any]:
+        return _operation(
+            operation_id,
+            summary,
+            (200, one),
+            (unknown, transition, *((422,) if body else ()), 503),
+            action,
+            intent_id,
+            body=None if body is None else _body_schema(schemas, body),
+        )
+
+    create = _operation(
+        "create_intent",
+        "Record an intent to call an irreversible tool (the executor performs it)",
+        (
+            201,
+            _json(
+                "the intent recorded (cancelled at once if a stop landed while it was recorded)",
+                _ref("Intent"),
+            ),
+        ),
+        (
+            (
+                409,
+                "idempotency_conflict: the key was used for another tool or other arguments; "
+                "or stopped: an active stop matches one of the intent's scopes (scope, stop_id "
+                "and reason say which; nothing is recorded)",
+            ),
+            422,
+            503,
+        ),
+        "intent.create",
+        body=_body_schema(schemas, IntentBody),
+    )
+    # Answers that are not errors: the intent recorded first for a repeated key, and no content.
+    create["responses"]["200"] = _json(
+        "a repeated idempotency key: the intent recorded first", _ref("Intent")
+    )
+    claim = _operation(
+        "claim_intent",
+        "Claim the oldest pending intent for the calling executor",
+        (200, one),
+        (503,),
+        "intent.claim",
+    )
+    claim["responses"]["204"] = {"description": "no intent is pending"}
+
+    return {
+        "/v1/intents": {
+            "post": create,
+            "get": _operation(
+                "list_intents",
+                "Intents, oldest first, of one run and/or in some states",
+                (200, listed),
+                (
+                    (
+                        422,
+                        f"invalid_request: limit is not a number from 1 to {MAX_BATCH}, or a state unknown",
+                    ),
+                    503,
+                ),
+                "intents.list",
+                [
+                    _query("run", {"type": "string"}, "only this run's intents"),
+                    _query(
+                        "state",
+                        {"enum": list(STATES)},
+                        "only intents in this state (repeat it, or separate states by commas, for several)",
+                    ),
+                    _query(
+                        "limit",
+                        {"type": "integer", "minimum": 1, "maximum": MAX_BATCH, "default": 100},
+                        "how many intents",
+                    ),
+                ],
+            ),
+        },
+        "/v1/intents/claim": {"post": claim},
+        "/v1/intents/unknown": {
+            "post": _operation(
+                "mark_unknown",
+                "After an executor's restart: every intent it had claimed becomes unknown",
+                (200, _json("the intents now unknown", _ref("IntentList"))),
+                (503,),
+                "intent.unknown",
+            )
+        },
+        "/v1/intents/{intent_id}": {
+            "get": _operation(
+                "get_intent",
+                "One intent",
+                (200, one),
+                (
+                    (
+                        403,
+                        "forbidden: the caller's role may not do this (needed_roles lists who may), "
+                        "or the intent is another agent's",
+                    ),
+                    unknown,
+                    503,
+                ),
+                "intent.read",
+                intent_id,
+            )
+        },
+        "/v1/intents/{intent_id}/commit": {
+            "post": settle("commit_intent", "Record a claimed intent's outcome", "intent.commit", CommitBody)
+        },
+        "/v1/intents/{intent_id}/fail": {
+            "post": settle(
+                "fail_intent", "Record that a claimed intent's call failed", "intent.fail", FailBody
+            )
+        },
+        "/v1/intents/{intent_id}/approve": {
+            "post": settle("approve_intent", "Approve an intent awaiting approval", "intent.approve", None)
+        },
+        "/v1/intents/{intent_id}/reject": {
+            "post": settle("reject_intent", "Reject an intent awaiting approval", "intent.reject", RejectBody)
+        },
+    }
+
+
 def _document() -> dict[str, Any]:
     from haltwire.control.app import ClearBody, IssueBody  # app.py imports this module for its route
 
@@ -544,6 +683,7 @@ def _document() -> dict[str, Any]:
         },
         **_run_paths(schemas),
         **_broker_paths(schemas),
+        **_intent_paths(schemas),
     }
     return {
         "openapi": "3.1.0",

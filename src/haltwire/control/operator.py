@@ -1,6 +1,7 @@
 """The operator commands of the ``haltwire`` CLI, talking to a control plane over HTTP.
 
-``haltwire stop``, ``clear``, ``stops``, ``audit``, ``audit verify`` and ``credentials RUN``. The control plane is
+``haltwire stop``, ``clear``, ``stops``, ``audit``, ``audit verify``, ``credentials RUN``, ``intents``,
+``approve ID`` and ``reject ID``. The control plane is
 ``--url`` or ``HALTWIRE_CONTROL_URL``; the caller's token is ``--token`` or ``HALTWIRE_TOKEN``.
 
 Exit codes: 0 done; 1 refused or failed (the control plane's message is printed, and a refused
@@ -127,6 +128,33 @@ def _credentials(args: argparse.Namespace) -> None:
         )
 
 
+def _intents(args: argparse.Namespace) -> None:
+    query = httpx2.QueryParams({"run": args.run} if args.run else {})
+    intents = _request(args, "GET", f"/v1/intents?{query}" if args.run else "/v1/intents")["intents"]
+    if args.json:
+        print(json.dumps(intents, indent=2))
+        return
+    if not intents:
+        print("no intents" + (f" in run {args.run}" if args.run else ""))
+    for i in intents:
+        why = i["stop_id"] or i["error"] or i["decision_reason"] or ""
+        print(
+            f"{i['intent_id']}  {i['state']:<17}  {i['tool']:<20}  run {i['run_id'] or '-':<16}  "
+            f"agent {i['agent']}  key {i['idempotency_key']}" + (f"  ({why})" if why else "")
+        )
+
+
+def _approve(args: argparse.Namespace) -> None:
+    intent = _request(args, "POST", f"/v1/intents/{quote(args.intent_id, safe='')}/approve")
+    print(f"approved {intent['intent_id']} ({intent['tool']}): now {intent['state']}")
+
+
+def _reject(args: argparse.Namespace) -> None:
+    path = f"/v1/intents/{quote(args.intent_id, safe='')}/reject"
+    intent = _request(args, "POST", path, {"reason": args.reason})
+    print(f"rejected {intent['intent_id']} ({intent['tool']})")
+
+
 def _when(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -185,3 +213,17 @@ def add_parsers(sub: Any) -> None:
     credentials.add_argument("run_id", metavar="RUN")
     credentials.add_argument("--json", action="store_true", help="print JSON")
     credentials.set_defaults(func=_run(_credentials))
+
+    intents = sub.add_parser("intents", parents=[common], help="list intents (calls to irreversible tools)")
+    intents.add_argument("--run", default=None, help="only the intents of run ID")
+    intents.add_argument("--json", action="store_true", help="print JSON")
+    intents.set_defaults(func=_run(_intents))
+
+    approve = sub.add_parser("approve", parents=[common], help="approve an intent awaiting approval")
+    approve.add_argument("intent_id", metavar="ID")
+    approve.set_defaults(func=_run(_approve))
+
+    reject = sub.add_parser("reject", parents=[common], help="reject an intent awaiting approval")
+    reject.add_argument("intent_id", metavar="ID")
+    reject.add_argument("--reason", required=True, help="why (recorded on the intent)")
+    reject.set_defaults(func=_run(_reject))
