@@ -23,6 +23,7 @@ from haltwire.store.intents import (
     IntentStateError,
     IntentStore,
     UnknownIntent,
+    new_intent,
     new_intent_id,
 )
 from haltwire.store.intents.postgres import PostgresIntentStore
@@ -95,7 +96,7 @@ async def create(store: IntentStore, key: str, at: float = NOW, **fields: Any) -
         "now": at,
         "needs_approval": False,
     }
-    return await store.create(**{**base, **fields})
+    return await store.create(new_intent(**{**base, **fields}))
 
 
 async def pending(store: IntentStore, key: str, at: float = NOW, **fields: Any) -> Intent:

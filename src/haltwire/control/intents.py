@@ -39,6 +39,7 @@ from haltwire.store.intents import (
     Intent,
     IntentStateError,
     UnknownIntent,
+    new_intent,
 )
 from haltwire.store.registry import RegistryUnavailable, StopRecord
 
@@ -126,24 +127,23 @@ async def create_intent(request: Request) -> Response:
     except Refused as exc:
         raise await _refuse(plane, caller, "intent.create", "", exc) from None
     store = plane.open.intents
-    fields = body.model_dump()
-    probe = Intent(intent_id="", state="pending", created_at=0.0, updated_at=0.0, **fields)  # for its scopes
+    try:
+        new = new_intent(now=time.time(), **body.model_dump())
+    except ValueError as exc:
+        invalid = Refused(422, "invalid_request", str(exc))
+        raise await _refuse(plane, caller, "intent.create", body.idempotency_key, invalid) from None
     await plane.mirror.catch_up(plane.open.registry)
-    hit = _stop_on(plane, probe)
+    hit = _stop_on(plane, new)
     if hit is not None:
         # A repeat of a call recorded before the stop still answers what was recorded.
         earlier = await store.by_key(body.agent, body.idempotency_key)
         if earlier is None:
             raise await _refuse(plane, caller, "intent.create", body.idempotency_key, _stopped(hit))
-    now = time.time()
     try:
-        intent, created = await store.create(now=now, **fields)
+        intent, created = await store.create(new)
     except IdempotencyConflict as exc:
         conflict = Refused(409, "idempotency_conflict", str(exc))
         raise await _refuse(plane, caller, "intent.create", body.idempotency_key, conflict) from None
-    except ValueError as exc:
-        invalid = Refused(422, "invalid_request", str(exc))
-        raise await _refuse(plane, caller, "intent.create", body.idempotency_key, invalid) from None
     if not created:
         return JSONResponse(intent_json(intent))
     # A stop recorded after the check but before the insert cancelled nothing of this intent:

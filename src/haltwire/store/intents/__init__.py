@@ -137,19 +137,7 @@ class Created(NamedTuple):
 
 
 class IntentStore(Protocol):
-    async def create(
-        self,
-        *,
-        agent: str,
-        tenant: str,
-        version: str,
-        tool: str,
-        arguments: dict[str, Any],
-        idempotency_key: str,
-        now: float,
-        run_id: str | None = None,
-        needs_approval: bool = False,
-    ) -> Created:
+    async def create(self, intent: Intent) -> Created:
         """Record a new intent (``pending``, or ``awaiting_approval`` when it needs approval).
 
         The key is unique per agent: a repeat with the same tool and canonical arguments

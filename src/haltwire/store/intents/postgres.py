@@ -28,7 +28,6 @@ from haltwire.store.intents import (
     lost_race,
     move_params,
     moved,
-    new_intent,
     oldest_first,
     recorded,
 )
@@ -84,36 +83,15 @@ class PostgresIntentStore:
     ) -> builtins.list[Intent]:
         return [from_row(row) for row in await self._db.fetchall(query, tuple(params))]
 
-    async def create(
-        self,
-        *,
-        agent: str,
-        tenant: str,
-        version: str,
-        tool: str,
-        arguments: dict[str, Any],
-        idempotency_key: str,
-        now: float,
-        run_id: str | None = None,
-        needs_approval: bool = False,
-    ) -> Created:
-        intent = new_intent(
-            agent=agent,
-            tenant=tenant,
-            version=version,
-            tool=tool,
-            arguments=arguments,
-            idempotency_key=idempotency_key,
-            now=now,
-            run_id=run_id,
-            needs_approval=needs_approval,
-        )
+    async def create(self, intent: Intent) -> Created:
         async with self._db.connection() as conn, conn.transaction():
             row = await (await conn.execute(self._q["create"], as_row(intent))).fetchone()
             if row is not None:
                 return Created(from_row(row), True)
             # ON CONFLICT waited for the first insert to commit, so this statement sees it.
-            existing = await (await conn.execute(self._q["by_key"], (agent, idempotency_key))).fetchone()
+            existing = await (
+                await conn.execute(self._q["by_key"], (intent.agent, intent.idempotency_key))
+            ).fetchone()
         assert existing is not None
         return recorded(from_row(existing), intent)
 

@@ -28,7 +28,6 @@ from haltwire.store.intents import (
     lost_race,
     move_params,
     moved,
-    new_intent,
     oldest_first,
     recorded,
 )
@@ -52,37 +51,14 @@ class SqliteIntentStore:
     async def open(cls, path: str | Path) -> SqliteIntentStore:
         return cls(await SqliteConnection.open(path, _SCHEMA, what="intent store", store="intents"))
 
-    async def create(
-        self,
-        *,
-        agent: str,
-        tenant: str,
-        version: str,
-        tool: str,
-        arguments: dict[str, Any],
-        idempotency_key: str,
-        now: float,
-        run_id: str | None = None,
-        needs_approval: bool = False,
-    ) -> Created:
-        intent = new_intent(
-            agent=agent,
-            tenant=tenant,
-            version=version,
-            tool=tool,
-            arguments=arguments,
-            idempotency_key=idempotency_key,
-            now=now,
-            run_id=run_id,
-            needs_approval=needs_approval,
-        )
+    async def create(self, intent: Intent) -> Created:
 
         def write(conn: sqlite3.Connection) -> Created:
             with immediate(conn):
                 rows = conn.execute(_Q["create"], as_row(intent)).fetchall()
                 if rows:
                     return Created(from_row(rows[0]), True)
-                row = conn.execute(_Q["by_key"], (agent, idempotency_key)).fetchone()
+                row = conn.execute(_Q["by_key"], (intent.agent, intent.idempotency_key)).fetchone()
             return recorded(from_row(row), intent)
 
         return await self._db.run(write)
