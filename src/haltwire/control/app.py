@@ -31,6 +31,7 @@ from haltwire.control.intents import cancel_for_stop
 from haltwire.control.intents import routes as intent_routes
 from haltwire.control.leases import LeaseDesk
 from haltwire.control.openapi import openapi_json
+from haltwire.control.reports import routes as report_routes
 from haltwire.control.runs import routes as run_routes
 from haltwire.control.stores import Stores, open_stores
 from haltwire.control.wire import Body, Refused, parse_body
@@ -70,6 +71,8 @@ ROLES: Final[Mapping[str, frozenset[str]]] = {
     "intent.unknown": frozenset({"executor"}),
     "intent.approve": frozenset({"operator"}),
     "intent.reject": frozenset({"operator"}),
+    # Run reports (haltwire.control.reports): read-only; an agent reads its own runs' only.
+    "run.report": frozenset({"operator", "viewer", "agent"}),
 }
 
 
@@ -344,6 +347,7 @@ routes = [
     *run_routes,
     *broker_routes,
     *intent_routes,
+    *report_routes,
 ]
 
 

@@ -3,7 +3,7 @@
 Shapes are derived, not restated: request bodies from the pydantic models the handlers
 validate with, responses from the dataclasses the handlers serialize (``StopRecord``,
 ``Change``, ``AuditRecord``, ``VerifyResult``, ``RunRecord``, ``Checkpoint``, ``Grant``,
-``CredentialRecord``, ``Intent``), and
+``CredentialRecord``, ``Intent``, ``RunReport``), and
 which operations can answer 403 from ``ROLES``. Response objects are closed
 (``additionalProperties: false``, every field required, as ``asdict`` always writes every
 field), so a field added to a record without the document noticing fails the schemathesis
@@ -180,7 +180,7 @@ SCOPE_PATTERN = (
 #: A stop just issued can be cleared: schemathesis' stateful phase follows this link.
 _CLEAR_LINK = {"clear": {"operationId": "clear_stop", "parameters": {"stop_id": "$response.body#/stop_id"}}}
 
-#: A run just registered can be read, renewed, checkpointed and ended through these links.
+#: A run just registered can be read, renewed, checkpointed, reported and ended through these links.
 _RUN_LINKS = {
     operation_id: {"operationId": operation_id, "parameters": {"run_id": "$response.body#/run/run_id"}}
     for operation_id in (
@@ -191,6 +191,7 @@ _RUN_LINKS = {
         "end_run",
         "issue_credential",
         "list_credentials",
+        "run_report",
     )
 }
 
@@ -580,6 +581,30 @@ def _intent_paths(schemas: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _report_paths(schemas: dict[str, Any]) -> dict[str, Any]:
+    """The run report (haltwire.control.reports); its schema is derived from ``RunReport``."""
+    from haltwire.control.reports import RunReport, TimelineEntry
+    from haltwire.control.runs import RUN_ID
+
+    _derived(schemas, TimelineEntry)
+    _derived(schemas, RunReport)  # its run, intents and stops refer to the schemas above
+    run_id = [
+        {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string", "pattern": RUN_ID}}
+    ]
+    return {
+        "/v1/runs/{run_id}/report": {
+            "get": _operation(
+                "run_report",
+                "What a run did: its intents by state, the stops that hit it and its audit timeline",
+                (200, _json("the report", _ref("RunReport"))),
+                ((403, _FORBIDDEN_RUN), (404, _UNKNOWN_RUN), 503),
+                "run.report",
+                run_id,
+            )
+        }
+    }
+
+
 def _document() -> dict[str, Any]:
     from haltwire.control.app import ClearBody, IssueBody  # app.py imports this module for its route
 
@@ -684,6 +709,7 @@ def _document() -> dict[str, Any]:
         **_run_paths(schemas),
         **_broker_paths(schemas),
         **_intent_paths(schemas),
+        **_report_paths(schemas),
     }
     return {
         "openapi": "3.1.0",

@@ -1,7 +1,7 @@
 """The operator commands of the ``haltwire`` CLI, talking to a control plane over HTTP.
 
 ``haltwire stop``, ``clear``, ``stops``, ``audit``, ``audit verify``, ``credentials RUN``, ``intents``,
-``approve ID`` and ``reject ID``. The control plane is
+``approve ID``, ``reject ID`` and ``report RUN``. The control plane is
 ``--url`` or ``HALTWIRE_CONTROL_URL``; the caller's token is ``--token`` or ``HALTWIRE_TOKEN``.
 
 Exit codes: 0 done; 1 refused or failed (the control plane's message is printed, and a refused
@@ -155,6 +155,114 @@ def _reject(args: argparse.Namespace) -> None:
     print(f"rejected {intent['intent_id']} ({intent['tool']})")
 
 
+def _report(args: argparse.Namespace) -> None:
+    # rich only here: the other commands print plain lines.
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    run_id: str = args.run_id
+    report = _request(args, "GET", f"/v1/runs/{quote(run_id, safe='')}/report")
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    console = Console(highlight=False, soft_wrap=True)
+    if not console.is_terminal:
+        console.width = max(console.width, 160)  # piped or captured: do not cut ids to 80 columns
+    run = report["run"]
+    ended = f"ended {_when(run['ended_at'])}" if run["ended_at"] is not None else "not ended"
+    console.print(
+        f"run {run['run_id']}  agent {run['agent']}@{run['version']}  tenant {run['tenant']}  "
+        f"registered {_when(run['registered_at'])}  {ended}",
+        markup=False,
+    )
+    stops = {s["stop_id"]: s for s in report["stops"]}
+
+    def section(title: str, columns: list[str], rows: list[list[str]]) -> None:
+        if not rows:
+            console.print(f"{title}: none", markup=False)
+            return
+        table = Table(title=f"{title} ({len(rows)})", title_justify="left")
+        for column in columns:
+            table.add_column(column, overflow="fold")
+        for row in rows:
+            table.add_row(*(Text(cell) for cell in row))  # recorded text, not rich markup
+        console.print(table)
+
+    def intent_rows(key: str, last: Any) -> list[list[str]]:
+        return [
+            [i["intent_id"], i["tool"], json.dumps(i["arguments"]), i["idempotency_key"], *last(i)]
+            for i in report[key]
+        ]
+
+    base = ["intent", "tool", "arguments", "key"]
+    section(
+        "Completed actions",
+        [*base, "committed"],
+        intent_rows("completed", lambda i: [_when(i["updated_at"])]),
+    )
+    section(
+        "In flight, outcome unknown",
+        [*base, "state", "executor"],
+        intent_rows("unknown", lambda i: [i["state"], i["claimed_by"] or "-"]),
+    )
+    section("Failed", [*base, "error"], intent_rows("failed", lambda i: [i["error"] or ""]))
+
+    def cancelled_by(i: dict[str, Any]) -> list[str]:
+        stop = stops.get(i["stop_id"])
+        who = f"{stop['issued_by']}: {stop['reason']}" if stop else ""
+        return [i["stop_id"] or "-", who]
+
+    section("Cancelled", [*base, "stop", "stopped by"], intent_rows("cancelled", cancelled_by))
+    section(
+        "Awaiting approval",
+        [*base, "recorded"],
+        intent_rows("awaiting_approval", lambda i: [_when(i["created_at"])]),
+    )
+    section("Pending", [*base, "recorded"], intent_rows("pending", lambda i: [_when(i["created_at"])]))
+    section(
+        "Rejected",
+        [*base, "by", "reason"],
+        intent_rows("rejected", lambda i: [i["decided_by"] or "", i["decision_reason"] or ""]),
+    )
+    section(
+        "Stops",
+        ["stop", "scope", "issued by", "issued", "reason", "state"],
+        [
+            [
+                s["stop_id"],
+                s["scope"],
+                s["issued_by"],
+                _when(s["issued_at"]),
+                s["reason"],
+                f"cleared by {s['cleared_by']} {_when(s['cleared_at'])}: {s['clear_reason']}"
+                if s["cleared"]
+                else "active",
+            ]
+            for s in report["stops"]
+        ],
+    )
+    section(
+        "Timeline",
+        ["seq", "at", "actor", "action", "target", "outcome", "reason"],
+        [
+            [
+                str(r["seq"]),
+                # Milliseconds: many records of one run land within the same second.
+                datetime.fromtimestamp(r["at"], UTC)
+                .isoformat(timespec="milliseconds")
+                .replace("+00:00", "Z"),
+                f"{r['actor']} ({r['role']})",
+                r["action"],
+                r["target"],
+                r["outcome"],
+                r["reason"],
+            ]
+            for r in report["timeline"]
+        ],
+    )
+
+
 def _when(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -218,6 +326,15 @@ def add_parsers(sub: Any) -> None:
     intents.add_argument("--run", default=None, help="only the intents of run ID")
     intents.add_argument("--json", action="store_true", help="print JSON")
     intents.set_defaults(func=_run(_intents))
+
+    report = sub.add_parser(
+        "report",
+        parents=[common],
+        help="what a run did: intents by state, the stops that hit it, its timeline",
+    )
+    report.add_argument("run_id", metavar="RUN")
+    report.add_argument("--json", action="store_true", help="print the API's JSON")
+    report.set_defaults(func=_run(_report))
 
     approve = sub.add_parser("approve", parents=[common], help="approve an intent awaiting approval")
     approve.add_argument("intent_id", metavar="ID")

@@ -1,0 +1,134 @@
+"""Run reports: what a run did, what is still in doubt, and what stopped it, in one read.
+
+``GET /v1/runs/{run_id}/report`` derives everything from what the control plane already
+records, and writes nothing: the run (the run store), its intents grouped by state (the
+intent store), every stop whose scope covers the run, active or cleared (the registry), and
+the audit records about the run in seq order (the audit log). ``haltwire report RUN`` prints
+it (``haltwire.control.operator``).
+
+A stop covers the run when it names one of the run's scopes (``run:``, ``agent:``,
+``tenant:``, ``version:``, ``global``); a stop that cancelled one of the run's intents through
+another scope (``tool:``) hit the run too, so it is listed as well. An agent sees only the
+stops it can see anywhere else (``Plane.visible_to``), and the records about those.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Final
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+# app.py imports this module for its routes: use its names at call time, not import time.
+from haltwire.control import app as http
+from haltwire.control.config import Caller
+from haltwire.control.intents import intent_json
+from haltwire.control.runs import run_for, run_json
+from haltwire.control.stores import Stores
+from haltwire.store.audit import AuditRecord, Outcome
+from haltwire.store.intents import Intent, IntentState
+from haltwire.store.registry import StopRecord
+from haltwire.store.runs import RunRecord
+
+#: Report section -> the intent states it lists. ``claimed`` is in flight: like ``unknown``,
+#: its outcome is not known until the executor records it.
+SECTIONS: Final[dict[str, tuple[IntentState, ...]]] = {
+    "completed": ("committed",),
+    "unknown": ("unknown", "claimed"),
+    "failed": ("failed",),
+    "cancelled": ("cancelled",),
+    "awaiting_approval": ("awaiting_approval",),
+    "pending": ("pending",),
+    "rejected": ("rejected",),
+}
+#: The intents one report reads (the store lists a bounded number): far past any real run.
+MAX_INTENTS: Final = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineEntry:
+    """One audit record about the run, without its hash chain (``GET /v1/audit`` has that)."""
+
+    seq: int
+    at: float
+    actor: str
+    role: str
+    action: str
+    target: str
+    outcome: Outcome
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunReport:
+    """The report's shape (the OpenAPI document derives its schema from this)."""
+
+    run: RunRecord
+    completed: list[Intent]
+    unknown: list[Intent]
+    failed: list[Intent]
+    cancelled: list[Intent]
+    awaiting_approval: list[Intent]
+    pending: list[Intent]
+    rejected: list[Intent]
+    stops: list[StopRecord]
+    timeline: list[TimelineEntry]
+
+
+def _names(value: Any) -> set[str] | None:
+    """The ids a detail field lists, or None when it lists none."""
+    return {v for v in value if isinstance(v, str)} if isinstance(value, list) else None
+
+
+def about_run(record: AuditRecord, run_id: str, intent_ids: set[str], stop_ids: set[str]) -> bool:
+    """Whether ``record`` is about the run: the run itself, one of its intents, or one of the
+    stops that hit it. A record listing the runs or intents it concerns (a grouped lease
+    refusal, a stop's cancellations, an executor's restart) counts only when it lists ours."""
+    detail = record.detail
+    if record.target == run_id or record.target in intent_ids or detail.get("run_id") == run_id:
+        return True
+    runs, intents = _names(detail.get("runs")), _names(detail.get("intents"))
+    if runs is not None:
+        return run_id in runs
+    if intents is not None:
+        return bool(intents & intent_ids)
+    stop_id = detail.get("stop_id")
+    return record.target in stop_ids or (isinstance(stop_id, str) and stop_id in stop_ids)
+
+
+async def build_report(plane: http.Plane, stores: Stores, caller: Caller, run: RunRecord) -> dict[str, Any]:
+    intents = await stores.intents.list(run_id=run.run_id, limit=MAX_INTENTS)
+    scopes = {str(s) for s in run.scopes}
+    cancelled_by = {i.stop_id for i in intents if i.stop_id is not None}
+    stops = [
+        s
+        for s in await stores.registry.all_stops()
+        if (s.scope in scopes or s.stop_id in cancelled_by) and await plane.visible_to(caller, s.scope)
+    ]
+    stops.sort(key=lambda s: s.revision)
+    intent_ids = {i.intent_id for i in intents}
+    stop_ids = {s.stop_id for s in stops}
+    timeline = [
+        TimelineEntry(r.seq, r.at, r.actor, r.role, r.action, r.target, r.outcome, r.reason)
+        for r in await stores.audit.records()
+        if about_run(r, run.run_id, intent_ids, stop_ids)
+    ]
+    report: dict[str, Any] = {"run": run_json(run)}
+    for section, states in SECTIONS.items():
+        # The store lists oldest first; a section spanning two states keeps that order.
+        report[section] = [intent_json(i) for i in intents if i.state in states]
+    report["stops"] = [http.stop_json(s) for s in stops]
+    report["timeline"] = [asdict(t) for t in timeline]
+    return report
+
+
+async def run_report(request: Request) -> Response:
+    plane = http.plane_of(request)
+    caller = await plane.authorize(request, "run.report")
+    run = await run_for(plane, caller, request.path_params["run_id"], "run.report", audit=False)
+    return JSONResponse(await build_report(plane, plane.open, caller, run))
+
+
+routes = [Route("/v1/runs/{run_id}/report", run_report, methods=["GET"])]
