@@ -115,6 +115,8 @@ class UpstreamConfig(ConfigModel):
     labels: dict[str, Label] = Field(default_factory=dict)
     #: Read unlabelled tools' labels from their MCP annotations; false: they are irreversible.
     trust_annotations: bool = True
+    #: Irreversible tools (the upstream's names) whose intents wait for ``haltwire approve``.
+    approval: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _one_transport(self) -> UpstreamConfig:
@@ -277,6 +279,16 @@ class BrokerLink(ConfigModel):
     refresh_s: float = Field(default=30.0, gt=0)
 
 
+class IntentsSection(ConfigModel):
+    """``[intents]``: calls to irreversible tools become intents for the executor (two-step).
+
+    Off by default: until an executor runs, an intent is only a record, and turning it on
+    would leave every irreversible call (and every tool without annotations) unperformed.
+    """
+
+    enabled: bool = False
+
+
 class GatewayConfig(ConfigModel):
     gateway: GatewaySection = Field(default_factory=GatewaySection)
     counters: CountersSection = Field(default_factory=CountersSection)
@@ -288,6 +300,7 @@ class GatewayConfig(ConfigModel):
     broker: BrokerLink | None = None
     limits: Limits = Field(default_factory=Limits)
     labels: LabelsSection = Field(default_factory=LabelsSection)
+    intents: IntentsSection = Field(default_factory=IntentsSection)
     identities: list[IdentityConfig] = Field(default_factory=list)
     upstreams: list[UpstreamConfig] = Field(min_length=1)
 
@@ -337,6 +350,8 @@ class GatewayConfig(ConfigModel):
                 f"counters.slot_ttl_s ({self.counters.slot_ttl_s:g}) must exceed the longest deadline "
                 f"({longest:g} s), or a slow call's slot would expire while it runs"
             )
+        if self.intents.enabled and self.control is None:
+            raise ValueError("intents.enabled needs [control]: intents are recorded in the control plane")
         return self
 
     def _deadlines(self) -> list[float]:

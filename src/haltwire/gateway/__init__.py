@@ -15,6 +15,7 @@ from haltwire.credentials import JwksKeys
 from haltwire.gateway.app import GatewayApp
 from haltwire.gateway.credentials import CredentialEdge
 from haltwire.gateway.idempotency import Idempotency
+from haltwire.gateway.intents import INTENT_TOOL, IntentDesk
 from haltwire.gateway.leases import LeaseCheck
 from haltwire.gateway.proxy import Gateway
 from haltwire.gateway.upstreams import UpstreamError, Upstreams
@@ -55,6 +56,12 @@ def create_app(
     idempotency = Idempotency(idempotency_store(config), config.idempotency.ttl_s, clock=clock)
     upstreams = Upstreams(config.upstreams)
     stops = StopWatch(config.control) if config.control is not None else None
+    # Irreversible calls become intents only when asked for ([intents] enabled, with [control]).
+    intents = (
+        IntentDesk(config.control, config.upstreams)
+        if config.intents.enabled and config.control is not None
+        else None
+    )
     leases = None
     if config.leases is not None:
         required = [i.agent for i in config.identities if i.lease == "required"]
@@ -71,11 +78,14 @@ def create_app(
         stops,
         leases,
         idempotency,
+        intents,
     )
 
     async def startup(stack: AsyncExitStack) -> None:
         stack.push_async_callback(store.aclose)
         stack.push_async_callback(idempotency.store.aclose)
+        if intents is not None:
+            stack.push_async_callback(intents.aclose)
         if isinstance(idempotency.store, SqliteIdempotency):
             await idempotency.store.connect()  # an unusable path is a start-up error
         if stops is not None:
@@ -91,6 +101,8 @@ def create_app(
                     f"cannot fetch the broker's JWKS at {credentials.keys.url}: {exc}"
                 ) from exc
         await upstreams.connect(stack)
+        if intents is not None and upstreams.route(INTENT_TOOL) is not None:
+            raise UpstreamError(f"an upstream offers {INTENT_TOOL}, the gateway's own tool; give it a prefix")
 
     return GatewayApp(
         gateway,

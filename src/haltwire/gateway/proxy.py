@@ -8,7 +8,10 @@ an admitted call holds its slots until the upstream answers, fails, times out or
 cancelled (the ``finally`` below); the upstream call runs under the tool's deadline (the
 smaller of its limits' and its label's), so a hung upstream cannot hold a slot. A call to a
 bounded tool is made at most once per idempotency key (``haltwire.gateway.idempotency``),
-checked after admission so that a refused call consumes no key.
+checked after admission so that a refused call consumes no key. A call to an irreversible tool
+never reaches the upstream: after admission it is recorded as an intent for the executor
+(``haltwire.gateway.intents``). The gateway's own ``haltwire_intent`` tool takes the same
+pipeline (kill switch, lease, stops, ceilings), then is answered here, not upstream.
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ import logging
 from typing import Any
 
 import anyio
+import mcp.types as types
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
 from haltwire import refusal
 from haltwire.ceilings import Ceilings
 from haltwire.gateway.idempotency import Idempotency
+from haltwire.gateway.intents import INTENT_TOOL, IntentDesk
 from haltwire.gateway.leases import LeaseCheck, RunFence, without_lease
 from haltwire.gateway.upstreams import Progress, Route, Upstreams, UpstreamUnavailable
 from haltwire.identity import Identity
@@ -52,8 +57,11 @@ class Gateway:
         stops: StopWatch | None = None,
         leases: LeaseCheck | None = None,
         idempotency: Idempotency | None = None,
+        intents: IntentDesk | None = None,
     ) -> None:
         self.upstreams = upstreams
+        #: Irreversible calls become intents; None: they are forwarded like any other.
+        self.intents = intents
         #: Idempotency keys for bounded tools; None: every call is forwarded as it comes.
         self.idempotency = idempotency
         self.ceilings = ceilings
@@ -61,6 +69,22 @@ class Gateway:
         self.stops = stops
         self.leases = leases
         self._fence = RunFence()
+        self._catalogue: tuple[list[types.Tool], list[types.Tool]] | None = None
+
+    @property
+    def tools(self) -> list[types.Tool]:
+        """The catalogue for ``tools/list`` (``IntentDesk.catalogue`` when irreversible calls are intents)."""
+        listed = self.upstreams.tools
+        if self.intents is None:
+            return listed
+        cached = self._catalogue
+        if cached is None or cached[0] is not listed:  # rebuilt only when the upstreams' list is
+            cached = self._catalogue = (listed, self.intents.catalogue(listed, self.upstreams.label))
+        return cached[1]
+
+    def _status_tool(self, name: str) -> IntentDesk | None:
+        intents = self.intents
+        return intents if name == INTENT_TOOL and intents is not None else None
 
     async def call_tool(
         self,
@@ -100,12 +124,21 @@ class Gateway:
             if lease is not None and (fenced := self._fence.check(lease, self.stops.stops)):
                 return fenced
         route = self.upstreams.route(name)
-        if route is None:
+        desk = None
+        if route is None and (desk := self._status_tool(name)) is None:
             raise UnknownTool(name)
         ticket = await self.ceilings.admit(identity, name, run)
         if isinstance(ticket, Refusal):
             return ticket
         try:
+            if route is None:
+                assert desk is not None
+                return await desk.status(identity, arguments, ticket.deadline_s)
+            if route.label == "irreversible" and self.intents is not None:
+                # After admission, like bounded: a refused call records nothing.
+                return await self.intents.propose(
+                    identity, run, route.upstream.name, route.tool, name, arguments, meta, ticket.deadline_s
+                )
             if route.label == "bounded" and self.idempotency is not None:
                 # After admission, so a refused call consumes no key.
                 idempotency = self.idempotency

@@ -35,7 +35,7 @@ def build_server(gateway: Gateway, version: str) -> Server[Any]:
     async def list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=gateway.upstreams.tools)
+        return types.ListToolsResult(tools=gateway.tools)
 
     async def call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams

@@ -228,6 +228,11 @@ class Upstreams:
                 raise UpstreamError(
                     f"upstream {up.name!r}: labels name tools it does not list: {', '.join(unknown)}"
                 )
+            unknown = sorted(set(up.config.approval) - {t.name for t in up.tools})
+            if unknown:
+                raise UpstreamError(
+                    f"upstream {up.name!r}: approval names tools it does not list: {', '.join(unknown)}"
+                )
             for tool in up.tools:
                 exposed = up.config.prefix + tool.name
                 if exposed in routes:
