@@ -42,7 +42,12 @@ async def test_a_stop_issued_mid_run_ends_the_agent_run(tmp_path: Path, think_s:
     assert notice.scope == f"run:{transcript.run_id}"
     assert notice.reason == example.REASON
     if push:  # the gateway hears the same stop on its own watch, and may hear it first
-        assert transcript.ended_in in ("model call", "tool call", "tool call (refused at the gateway)")
+        assert transcript.ended_in in (
+            "before a model call",
+            "model call",
+            "tool call",
+            "tool call (refused at the gateway)",
+        )
     else:
         assert transcript.ended_in == "tool call (refused at the gateway)"
 

@@ -186,8 +186,9 @@ class GuardedModel(Model):
 class LeaseHooks(RunHooks[Any]):
     """Level 1 before each turn: no model call starts once the lease has ended."""
 
-    def __init__(self, lease: Lease) -> None:
+    def __init__(self, lease: Lease, transcript: Transcript) -> None:
         self.lease = lease
+        self.transcript = transcript
 
     async def on_llm_start(
         self,
@@ -196,7 +197,12 @@ class LeaseHooks(RunHooks[Any]):
         system_prompt: str | None,
         input_items: list[TResponseInputItem],
     ) -> None:
-        self.lease.require()
+        try:
+            self.lease.require()
+        except StopRequested:
+            # The push arrived between two turns: the next model call is never started.
+            self.transcript.ended_in = self.transcript.ended_in or "before a model call"
+            raise
 
 
 def order_tool(tools: LeasedTools, transcript: Transcript) -> FunctionTool:
@@ -260,7 +266,7 @@ async def run_agent(lease: Lease, mcp: Client, model_url: str, transcript: Trans
         result = await Runner.run(
             agent,
             "Check the status of every order.",
-            hooks=LeaseHooks(lease),
+            hooks=LeaseHooks(lease, transcript),
             max_turns=1000,
             run_config=RunConfig(tracing_disabled=True),
         )
