@@ -30,7 +30,7 @@ from starlette.routing import Route
 from haltwire.control import app as http
 from haltwire.control.config import Caller
 from haltwire.control.runs import MAX_BATCH, RUN_ID
-from haltwire.control.wire import Body, Refused, parse_body
+from haltwire.control.wire import Body, Refused, parse_body, query_limit
 from haltwire.refusal import stopped
 from haltwire.scope import Scope
 from haltwire.store.intents import (
@@ -217,21 +217,11 @@ async def get_intent(request: Request) -> Response:
     return JSONResponse(intent_json(await _readable(plane, caller, request.path_params["intent_id"])))
 
 
-def _limit(text: str) -> int:
-    try:
-        limit = int(text)
-    except ValueError:
-        raise Refused(422, "invalid_request", f"limit must be a number, not {text!r}") from None
-    if not 1 <= limit <= MAX_BATCH:
-        raise Refused(422, "invalid_request", f"limit must be from 1 to {MAX_BATCH}")
-    return limit
-
-
 async def list_intents(request: Request) -> Response:
     plane = http.plane_of(request)
     await plane.authorize(request, "intents.list")
     query = request.query_params
-    limit = _limit(query.get("limit", "100"))
+    limit = query_limit(request, most=MAX_BATCH)
     # ?state=a&state=b or ?state=a,b: any of them.
     states = [s for given in query.getlist("state") for s in given.split(",") if s] or None
     unknown = sorted(set(states or ()) - set(STATES))

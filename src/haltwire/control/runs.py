@@ -24,7 +24,7 @@ from starlette.routing import Route
 from haltwire.control import app as http
 from haltwire.control.config import Caller
 from haltwire.control.leases import LeaseDesk, LeaseRefused, refused
-from haltwire.control.wire import Body, Refused, parse_body
+from haltwire.control.wire import Body, Refused, parse_body, query_limit
 from haltwire.store.runs import Checkpoint, RunExists, RunRecord, UnknownRun, new_run_id
 from haltwire.tokens import Grant
 
@@ -281,13 +281,7 @@ async def get_run(request: Request) -> Response:
 async def list_runs(request: Request) -> Response:
     plane = http.plane_of(request)
     await plane.authorize(request, "runs.list")
-    text = request.query_params.get("limit", "100")
-    try:
-        limit = int(text)
-    except ValueError:
-        raise Refused(422, "invalid_request", f"limit must be a number, not {text!r}") from None
-    if not 1 <= limit <= MAX_BATCH:
-        raise Refused(422, "invalid_request", f"limit must be from 1 to {MAX_BATCH}")
+    limit = query_limit(request, most=MAX_BATCH)
     return JSONResponse({"runs": [run_json(r) for r in await plane.open.runs.list(limit)]})
 
 

@@ -44,3 +44,15 @@ async def parse_body(request: Request, model: type[BodyT]) -> BodyT:
             f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()
         )
         raise Refused(422, "invalid_request", problems) from None
+
+
+def query_limit(request: Request, default: int = 100, most: int = 1000) -> int:
+    """The ``?limit=`` of a list request, from 1 to ``most``; ``Refused`` 422 otherwise."""
+    text = request.query_params.get("limit", str(default))
+    try:
+        limit = int(text)
+    except ValueError:
+        raise Refused(422, "invalid_request", f"limit must be a number, not {text!r}") from None
+    if not 1 <= limit <= most:
+        raise Refused(422, "invalid_request", f"limit must be from 1 to {most}")
+    return limit
