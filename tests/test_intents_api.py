@@ -649,4 +649,4 @@ async def test_schemathesis_finds_no_failure_in_the_intent_endpoints(tmp_path: P
     assert code == 0, output
     found = re.search(r"Selected: (\d+)/(\d+)\s+Tested: (\d+)", output)
     assert found is not None, output
-    assert int(found[1]) == int(found[3]) == 9, output
+    assert int(found[1]) == int(found[3]) == 10, output

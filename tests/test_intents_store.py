@@ -22,6 +22,7 @@ from haltwire.store.intents import (
     Intent,
     IntentStateError,
     IntentStore,
+    LimitReached,
     UnknownIntent,
     new_intent,
     new_intent_id,
@@ -446,3 +447,64 @@ async def test_a_stop_racing_claims_leaves_each_intent_claimed_or_cancelled(back
             assert intent.stop_id is None and intent.claimed_by == "ex1"
         else:
             assert (intent.state, intent.stop_id, intent.claimed_by) == ("cancelled", "stp_1", None)
+
+
+async def test_the_final_check_records_its_revision_once_and_blocks_cancelling(intents: IntentStore) -> None:
+    first = await pending(intents, "k1")
+    claimed = await intents.claim_next("ex1", NOW + 1)
+    assert claimed is not None and claimed.checked_revision is None
+    with pytest.raises(IntentStateError, match="executor 'ex2' cannot check"):
+        await intents.check(first.intent_id, "ex2", 7, NOW + 2)
+    checked = await intents.check(first.intent_id, "ex1", 7, NOW + 2)
+    assert (checked.state, checked.checked_revision, checked.updated_at) == ("claimed", 7, NOW + 2)
+    # A repeated check answers the first (a restarted executor asks again): revision 7, not 9.
+    again = await intents.check(first.intent_id, "ex1", 9, NOW + 3)
+    assert again.checked_revision == 7 and await intents.get(first.intent_id) == checked
+    with pytest.raises(IntentStateError, match="passed its final check at revision 7"):
+        await intents.cancel_claimed(first.intent_id, "ex1", "stp_x", NOW + 4)
+    # It survives a restart's mark (unknown keeps the revision) and settles as committed.
+    (unknown,) = await intents.mark_unknown("ex1", NOW + 5)
+    assert (unknown.state, unknown.checked_revision) == ("unknown", 7)
+    assert (await intents.commit(first.intent_id, "ex1", {"ok": 1}, NOW + 6)).state == "committed"
+    with pytest.raises(IntentStateError, match="is committed: cannot check"):
+        await intents.check(first.intent_id, "ex1", 9, NOW + 7)
+
+
+async def test_a_claimed_intent_never_checked_is_cancelled_by_its_executor(intents: IntentStore) -> None:
+    intent = await pending(intents, "k1")
+    await intents.claim_next("ex1", NOW + 1)
+    with pytest.raises(IntentStateError, match="executor 'ex2' cannot cancel"):
+        await intents.cancel_claimed(intent.intent_id, "ex2", "stp_x", NOW + 2)
+    cancelled = await intents.cancel_claimed(intent.intent_id, "ex1", "stp_x", NOW + 2)
+    assert (cancelled.state, cancelled.stop_id, cancelled.checked_revision) == ("cancelled", "stp_x", None)
+    with pytest.raises(IntentStateError, match="is cancelled: cannot cancel"):
+        await intents.cancel_claimed(intent.intent_id, "ex1", "stp_x", NOW + 3)
+
+
+async def test_the_per_run_limit_counts_checked_intents_of_the_run_and_tool(backend: Backend) -> None:
+    """Six concurrent checks under a limit of 3, over two connections: exactly 3 pass."""
+    store, other = backend.store, await backend.open()
+    ids = [(await pending(store, f"k{n}", NOW + n)).intent_id for n in range(6)]
+    for _ in range(6):
+        await store.claim_next("ex1", NOW + 10)
+    elsewhere = await pending(store, "other-run", NOW + 20, run_id="r2")
+    await store.claim_next("ex1", NOW + 21)
+    outcomes: list[str] = []
+
+    async def check(s: IntentStore, intent_id: str) -> None:
+        try:
+            await s.check(intent_id, "ex1", 1, NOW + 30, limit=3)
+            outcomes.append("checked")
+        except LimitReached as exc:
+            assert (exc.run_id, exc.tool, exc.limit) == ("r1", "refund", 3)
+            outcomes.append("limit")
+
+    async with anyio.create_task_group() as tg:
+        for n, intent_id in enumerate(ids):
+            tg.start_soon(check, store if n % 2 else other, intent_id)
+    assert sorted(outcomes) == ["checked"] * 3 + ["limit"] * 3
+    # Another run is counted apart; no limit, no count.
+    assert (await store.check(elsewhere.intent_id, "ex1", 1, NOW + 31, limit=3)).checked_revision == 1
+    refused = [i for i in ids if (await store.get(i)).checked_revision is None]  # type: ignore[union-attr]
+    assert len(refused) == 3
+    assert (await store.check(refused[0], "ex1", 2, NOW + 32)).checked_revision == 2

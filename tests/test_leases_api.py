@@ -393,9 +393,9 @@ async def test_a_stop_through_another_replica_refuses_the_next_renewal() -> None
 # -- role matrix ----------------------------------------------------------------------------------
 
 ALLOWED = {
-    "register": {"agent"},
+    "register": {"agent", "executor"},  # an executor holds a lease of its own
     "renew": {"agent"},
-    "renew_batch": {"agent"},
+    "renew_batch": {"agent", "executor"},  # 200, the foreign run refused in the answer
     "end": {"agent", "operator"},
     "checkpoint_save": {"agent"},
     "checkpoint_read": {"agent", "operator", "viewer"},

@@ -215,7 +215,7 @@ async def test_run_and_lease_responses_match_the_document(tmp_path: Path) -> Non
             r = await client.post(runs, json=body, headers=auth("agent"))
             assert r.status_code == status and conforms(r, "post", runs)["error"]["code"] == code, r.text
         r = await client.post(runs, json={}, headers=auth("operator"))
-        assert r.status_code == 403 and conforms(r, "post", runs)["error"]["needed_roles"] == ["agent"]
+        assert r.status_code == 403 and conforms(r, "post", runs)["error"]["needed_roles"] == ["agent", "executor"]
 
         r = await client.post("/v1/runs/r-1/lease", headers=auth("agent"))
         assert r.status_code == 200 and conforms(r, "post", lease)["generation"] == 0

@@ -62,6 +62,41 @@ def _gateway(args: argparse.Namespace) -> int:
         return 0
 
 
+def _executor(args: argparse.Namespace) -> int:
+    from haltwire.executor import UpstreamError, run_executor
+
+    try:
+        config = load_config(args.config)
+        if config.executor is None:
+            raise ConfigError(f"{args.config}: executor: the section is missing (the executor's token)")
+        assert config.control is not None  # the config requires it with [executor]
+        config.executor.resolve_token()
+    except ConfigError as exc:
+        print(f"haltwire executor: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    async def run() -> int:
+        async with anyio.create_task_group() as tg:
+            try:
+                await tg.start(run_executor, config)
+            except UpstreamError as exc:
+                print(f"haltwire executor: {exc}", file=sys.stderr)
+                return EXIT_USAGE
+            names = ", ".join(u.name for u in config.upstreams)
+            print(
+                f"haltwire executor {__version__}: committing intents through {names} "
+                f"(control plane {config.control.url if config.control else '?'})",
+                file=sys.stderr,
+                flush=True,
+            )
+        return 0
+
+    try:
+        return anyio.run(run)
+    except KeyboardInterrupt:
+        return 0
+
+
 def _control(args: argparse.Namespace) -> int:
     from haltwire.control import create_app, load_control_config
     from haltwire.control.stores import open_stores
@@ -150,6 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--host", default=None, help="override control.host")
     ctl.add_argument("--port", type=int, default=None, help="override control.port")
     ctl.set_defaults(func=_control)
+
+    ex = sub.add_parser("executor", help="run the executor: it commits the intents of irreversible tools")
+    ex.add_argument("--config", required=True, help="the gateway's TOML config file, with [executor]")
+    ex.set_defaults(func=_executor)
 
     ht = sub.add_parser("hash-token", help="print the SHA-256 of a token, for token_sha256 in the config")
     ht.add_argument("token")

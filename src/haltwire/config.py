@@ -11,7 +11,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -181,22 +181,17 @@ class IdempotencySection(ConfigModel):
     path: Path | None = None
 
 
-class ControlLink(ConfigModel):
-    """The control plane whose stops this gateway enforces (``[control]``; absent: standalone)."""
+class BearerToken(ConfigModel):
+    """A bearer token for the control plane: ``token`` in plain (development) or ``token_env``."""
 
-    url: str = Field(min_length=1)
-    #: The gateway-role bearer token in plain text; only with ``gateway.development = true``.
+    #: The config section, for error messages.
+    _section: ClassVar[str] = "control"
     token: str | None = None
     #: The name of an environment variable holding the token.
     token_env: str | None = None
-    #: With nothing heard for this long, every call is refused ``registry_unreachable``.
-    #: It must exceed the control plane's ``heartbeat_s``.
-    staleness_s: float = Field(default=15.0, gt=0)
-    #: Start-up: how long to wait for the control plane and the replay of its stops.
-    connect_timeout_s: float = Field(default=15.0, gt=0)
 
     @model_validator(mode="after")
-    def _one_token(self) -> ControlLink:
+    def _one_token(self) -> Self:
         if (self.token is None) == (self.token_env is None):
             raise ValueError("give exactly one of token or token_env")
         return self
@@ -207,8 +202,41 @@ class ControlLink(ConfigModel):
         assert self.token_env is not None
         value = os.environ.get(self.token_env)
         if not value:
-            raise ConfigError(f"control.token_env: the environment variable {self.token_env} is not set")
+            raise ConfigError(
+                f"{self._section}.token_env: the environment variable {self.token_env} is not set"
+            )
         return value
+
+
+class ControlLink(BearerToken):
+    """The control plane whose stops this gateway enforces (``[control]``; absent: standalone).
+
+    ``token`` / ``token_env``: the gateway-role bearer token (plain only with
+    ``gateway.development = true``)."""
+
+    url: str = Field(min_length=1)
+    #: With nothing heard for this long, every call is refused ``registry_unreachable``.
+    #: It must exceed the control plane's ``heartbeat_s``.
+    staleness_s: float = Field(default=15.0, gt=0)
+    #: Start-up: how long to wait for the control plane and the replay of its stops.
+    connect_timeout_s: float = Field(default=15.0, gt=0)
+
+
+class ExecutorSection(BearerToken):
+    """``[executor]``: ``haltwire executor --config`` this file commits the intents this gateway
+    records, through the same upstreams, with an executor-role token of its own for the control
+    plane at ``[control] url``. One executor process per executor identity: a restart marks
+    everything that identity had claimed ``unknown``."""
+
+    _section: ClassVar[str] = "executor"
+    #: The agent class of the executor's own lease (its timing, at the control plane).
+    agent_class: str = Field(default="default", min_length=1)
+    #: Intents settled at once (each one claimed, checked, performed and recorded in turn).
+    workers: int = Field(default=1, ge=1, le=64)
+    #: With nothing pending, how long to wait before asking again.
+    poll_s: float = Field(default=0.2, gt=0)
+    #: The first wait after a failed request to the control plane or the upstream (doubling to 10 s).
+    retry_s: float = Field(default=0.5, gt=0)
 
 
 class LeaseKeyConfig(ConfigModel):
@@ -301,6 +329,7 @@ class GatewayConfig(ConfigModel):
     limits: Limits = Field(default_factory=Limits)
     labels: LabelsSection = Field(default_factory=LabelsSection)
     intents: IntentsSection = Field(default_factory=IntentsSection)
+    executor: ExecutorSection | None = None
     identities: list[IdentityConfig] = Field(default_factory=list)
     upstreams: list[UpstreamConfig] = Field(min_length=1)
 
@@ -335,6 +364,13 @@ class GatewayConfig(ConfigModel):
                 f"idempotency.ttl_s ({self.idempotency.ttl_s:g}) must be at least "
                 f"{MIN_IDEMPOTENCY_TTL_S:g} (24 hours) outside development"
             )
+        if self.executor is not None:
+            if self.control is None:
+                raise ValueError("executor: the executor works with a control plane; add [control]")
+            if self.executor.token is not None and not self.gateway.development:
+                raise ValueError(
+                    "executor: plain 'token' is accepted only with gateway.development = true; use token_env"
+                )
         if self.broker is not None and self.control is None:
             # A credential is revoked by stops: a gateway that does not follow them cannot tell.
             raise ValueError("broker: accepting run credentials needs [control] (its stops revoke them)")

@@ -50,9 +50,10 @@ ROLES: Final[Mapping[str, frozenset[str]]] = {
     "audit.read": frozenset({"operator", "viewer"}),
     "watch": frozenset({"operator", "gateway", "executor", "viewer", "agent"}),
     # Runs and leases (haltwire.control.runs); an agent acts only on the runs it registered.
-    "run.register": frozenset({"agent"}),
-    "lease.renew": frozenset({"agent"}),
-    "run.end": frozenset({"agent", "operator"}),
+    # An executor holds a lease of its own too (its runs carry its identity's name as agent).
+    "run.register": frozenset({"agent", "executor"}),
+    "lease.renew": frozenset({"agent", "executor"}),
+    "run.end": frozenset({"agent", "executor", "operator"}),
     "checkpoint.save": frozenset({"agent"}),
     "checkpoint.read": frozenset({"agent", "operator", "viewer"}),
     "run.read": frozenset({"operator", "viewer", "executor", "gateway", "tripwire", "agent"}),
@@ -69,6 +70,7 @@ ROLES: Final[Mapping[str, frozenset[str]]] = {
     "intent.commit": frozenset({"executor"}),
     "intent.fail": frozenset({"executor"}),
     "intent.unknown": frozenset({"executor"}),
+    "intent.check": frozenset({"executor"}),
     "intent.approve": frozenset({"operator"}),
     "intent.reject": frozenset({"operator"}),
     # Run reports (haltwire.control.reports): read-only; an agent reads its own runs' only.
@@ -198,19 +200,30 @@ async def issue_stop(request: Request) -> Response:
     caller = await plane.authorize(request, "stop.issue", write=True)
     try:
         body: IssueBody = await parse_body(request, IssueBody)
-        stop = await plane.open.registry.issue_stop(
-            body.scope, body.reason, caller.name, now=time.time(), expires_at=body.expires_at
-        )
+        stop = await record_stop(plane, caller, body.scope, body.reason, body.expires_at)
     except (Refused, ScopeError, ValueError) as exc:
         message = exc.message if isinstance(exc, Refused) else str(exc)
         await plane.audit(caller, "stop.issue", "", "refused", message)
         raise Refused(422, "invalid_request", message) from None
+    return JSONResponse(stop_json(stop), status_code=201)
+
+
+async def record_stop(
+    plane: Plane, caller: Caller, scope: str, reason: str, expires_at: float | None = None
+) -> StopRecord:
+    """Write a stop, wake the watchers, audit it and cancel the pending intents it covers.
+
+    Used by ``POST /v1/stops`` and by the control plane's own rules (``[[intent_limits]]``).
+    The intents are cancelled before this returns: once a stop is acknowledged, no intent it
+    covers is still pending. A failure there is logged, not raised: the stop stands.
+    """
+    stop = await plane.open.registry.issue_stop(
+        scope, reason, caller.name, now=time.time(), expires_at=expires_at
+    )
     plane.notify()
     await plane.audit(caller, "stop.issue", stop.scope, "ok", stop.reason, stop_id=stop.stop_id)
-    # Before answering: once the stop is acknowledged, no intent it covers is still pending.
-    # A failure there is logged, not answered: the stop stands (see cancel_for_stop).
     await cancel_for_stop(plane, caller, stop)
-    return JSONResponse(stop_json(stop), status_code=201)
+    return stop
 
 
 async def clear_stop(request: Request) -> Response:

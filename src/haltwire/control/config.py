@@ -82,6 +82,15 @@ class BrokerKeyConfig(ConfigModel):
         return self
 
 
+class IntentLimit(ConfigModel):
+    """``[[intent_limits]]``: at most ``per_run`` intents of ``tool`` pass the executor's final
+    check in one run; the next one writes a stop for the run (as ``intent-limit``) and is
+    cancelled. A simple counting rule for irreversible tools (the refund incident's tripwire)."""
+
+    tool: str = Field(min_length=1)
+    per_run: int = Field(ge=1)
+
+
 class BrokerSection(ConfigModel):
     """``[broker]``: run-scoped credentials for downstream systems (stop level 4).
 
@@ -151,6 +160,13 @@ class Caller:
     #: Unix time after which the token is refused as expired.
     expires_at: float | None = None
 
+    @property
+    def runs_as(self) -> str | None:
+        """The agent id of the runs this caller registers: its agent, or an executor's own name."""
+        if self.role == "executor":
+            return self.name
+        return self.agent if self.role == "agent" else None
+
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at
 
@@ -165,6 +181,7 @@ class ControlConfig(ConfigModel):
     identities: list[IdentityEntry] = Field(default_factory=list)
     #: The credential broker; without it the credential endpoints answer 501.
     broker: BrokerSection | None = None
+    intent_limits: list[IntentLimit] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _consistent(self) -> ControlConfig:
@@ -190,12 +207,18 @@ class ControlConfig(ConfigModel):
                 raise ValueError(
                     f"broker.ttl_s ({self.broker.ttl_s:g}) must be 300 to 900 seconds (5 to 15 minutes)"
                 )
+        tools = [limit.tool for limit in self.intent_limits]
+        if len(set(tools)) != len(tools):
+            raise ValueError("intent_limits: one limit per tool")
         if "default" not in self.agent_classes:
             raise ValueError("agent_classes: a 'default' class is needed")
         hashes = [i.token_sha256 or token_sha256(i.token or "") for i in self.identities]
         if len(set(hashes)) != len(hashes):
             raise ValueError("identities: two identities share one token")
         return self
+
+    def intent_limit(self, tool: str) -> int | None:
+        return next((limit.per_run for limit in self.intent_limits if limit.tool == tool), None)
 
     def callers(self) -> dict[str, Caller]:
         """Token SHA-256 to caller."""

@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Final
 
 from pydantic import Field, field_validator
 from starlette.requests import Request
@@ -38,8 +38,10 @@ from haltwire.store.intents import (
     IdempotencyConflict,
     Intent,
     IntentStateError,
+    LimitReached,
     UnknownIntent,
     new_intent,
+    oldest_first,
 )
 from haltwire.store.registry import RegistryUnavailable, StopRecord
 
@@ -293,13 +295,87 @@ async def reject_intent(request: Request) -> Response:
 async def mark_unknown(request: Request) -> Response:
     plane = http.plane_of(request)
     caller = await plane.authorize(request, "intent.unknown", write=True)
-    intents = await plane.open.intents.mark_unknown(caller.name, time.time())
-    ids = [i.intent_id for i in intents]
+    store = plane.open.intents
+    marked = await store.mark_unknown(caller.name, time.time())
+    # With those an earlier restart marked and nobody resolved: the executor's whole backlog.
+    earlier = [i for i in await store.list(states=["unknown"], limit=100_000) if i.claimed_by == caller.name]
+    ids = [i.intent_id for i in marked]
+    intents = oldest_first([*marked, *(i for i in earlier if i.intent_id not in ids)])
     # Audited even when empty: an executor restarting is worth a line in the log.
     await plane.audit(
         caller, "intent.unknown", caller.name, "ok", f"{len(ids)} claimed intent(s) now unknown", intents=ids
     )
     return JSONResponse(intents_json(intents))
+
+
+#: Who the control plane's own per-run intent limits write their stops as.
+LIMIT_CALLER: Final = Caller("intent-limit", "tripwire")
+
+
+async def check_intent(request: Request) -> Response:
+    """The executor's final check, immediately before it performs a claimed intent's call.
+
+    Reads the registry (the mirror catches up with one ``MAX(revision)`` query), then either
+    records ``checked_revision`` and answers 200 (perform the call now), or cancels the intent
+    with the stop that matches it and answers 409 ``stopped``. A per-run limit
+    (``[[intent_limits]]``) counts in the same write: the intent past it writes a stop for its
+    run and is cancelled by it. A repeated check answers the first one, so an executor resolving
+    an ``unknown`` intent re-issues the call only if the first check passed.
+    """
+    plane = http.plane_of(request)
+    intent_id = request.path_params["intent_id"]
+    caller = await plane.authorize(request, "intent.check", intent_id, write=True)
+    store = plane.open.intents
+    try:
+        intent = await store.get(intent_id)
+        if intent is None:
+            raise _unknown(intent_id)
+        if intent.checked_revision is None:
+            await plane.mirror.catch_up(plane.open.registry)
+            revision = plane.mirror.stops.revision
+            hit = _stop_on(plane, intent)
+            if hit is None:
+                limit = plane.config.intent_limit(intent.tool)
+                try:
+                    intent = await store.check(intent_id, caller.name, revision, time.time(), limit)
+                except LimitReached as exc:
+                    hit = await _limit_stop(plane, intent, exc)
+            if hit is not None:
+                raise await _cancel_claimed(plane, caller, intent, hit)
+        else:
+            intent = await store.check(intent_id, caller.name, intent.checked_revision, time.time())
+    except Refused as exc:
+        raise await _refuse(plane, caller, "intent.check", intent_id, exc) from None
+    except UnknownIntent:
+        raise await _refuse(plane, caller, "intent.check", intent_id, _unknown(intent_id)) from None
+    except IntentStateError as exc:
+        invalid = Refused(409, "invalid_transition", str(exc))
+        raise await _refuse(plane, caller, "intent.check", intent_id, invalid) from None
+    await plane.audit(
+        caller, "intent.check", intent_id, "ok", f"no stop at revision {intent.checked_revision}",
+        run_id=intent.run_id, revision=intent.checked_revision,
+    )  # fmt: skip
+    return JSONResponse(intent_json(intent))
+
+
+async def _limit_stop(plane: http.Plane, intent: Intent, exc: LimitReached) -> tuple[Scope, StopRecord]:
+    reason = f"intent limit: run {exc.run_id} asked for more than {exc.limit} {exc.tool} ({intent.intent_id})"
+    stop = await http.record_stop(plane, LIMIT_CALLER, f"run:{exc.run_id}", reason)
+    return Scope("run", exc.run_id), stop
+
+
+async def _cancel_claimed(
+    plane: http.Plane, caller: Caller, intent: Intent, hit: tuple[Scope, StopRecord]
+) -> Refused:
+    """Cancel a claimed intent whose final check found ``hit``; the 409 to answer."""
+    scope, stop = hit
+    cancelled = await plane.open.intents.cancel_claimed(
+        intent.intent_id, caller.name, stop.stop_id, time.time()
+    )
+    await _audit_cancelled(plane, caller, scope, stop.stop_id, [cancelled])
+    refusal = _stopped(hit)
+    refusal.extra["intent"] = intent_json(cancelled)
+    return refusal
 
 
 routes = [
@@ -308,6 +384,7 @@ routes = [
     Route("/v1/intents/claim", claim_intent, methods=["POST"]),
     Route("/v1/intents/unknown", mark_unknown, methods=["POST"]),
     Route("/v1/intents/{intent_id}", get_intent, methods=["GET"]),
+    Route("/v1/intents/{intent_id}/check", check_intent, methods=["POST"]),
     Route("/v1/intents/{intent_id}/commit", commit_intent, methods=["POST"]),
     Route("/v1/intents/{intent_id}/fail", fail_intent, methods=["POST"]),
     Route("/v1/intents/{intent_id}/approve", approve_intent, methods=["POST"]),

@@ -564,6 +564,28 @@ def _intent_paths(schemas: dict[str, Any]) -> dict[str, Any]:
                 intent_id,
             )
         },
+        "/v1/intents/{intent_id}/check": {
+            "post": _operation(
+                "check_intent",
+                "The executor's final registry check before it performs a claimed intent's call",
+                (
+                    200,
+                    _json("no stop matches: checked_revision records the revision checked", _ref("Intent")),
+                ),
+                (
+                    unknown,
+                    (
+                        409,
+                        "stopped: a stop matches the intent (or its run reached a per-run intent "
+                        "limit, which wrote one); the intent is now cancelled (error.intent); or "
+                        "invalid_transition",
+                    ),
+                    503,
+                ),
+                "intent.check",
+                intent_id,
+            )
+        },
         "/v1/intents/{intent_id}/commit": {
             "post": settle("commit_intent", "Record a claimed intent's outcome", "intent.commit", CommitBody)
         },

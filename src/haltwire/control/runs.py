@@ -78,12 +78,15 @@ def as_refused(refusal: LeaseRefused) -> Refused:
     return Refused(refusal.status, refusal.code, str(refusal.error["message"]), **extra)
 
 
-def _owns(caller: Caller, run: RunRecord) -> bool:
-    return caller.role != "agent" or caller.agent == run.agent
+def _owns(caller: Caller, run: RunRecord, action: str) -> bool:
+    # An agent acts on and reads its own runs only; an executor acts on its own, reads any.
+    if caller.role == "executor" and action == "run.read":
+        return True
+    return caller.runs_as is None or caller.runs_as == run.agent
 
 
 def _not_owner(caller: Caller, run_id: str) -> LeaseRefused:
-    return refused(403, "forbidden", f"run {run_id} belongs to another agent than {caller.agent}")
+    return refused(403, "forbidden", f"run {run_id} belongs to another agent than {caller.runs_as}")
 
 
 def _unknown(run_id: str) -> LeaseRefused:
@@ -93,7 +96,7 @@ def _unknown(run_id: str) -> LeaseRefused:
 async def run_for(plane: http.Plane, caller: Caller, run_id: str, action: str, audit: bool) -> RunRecord:
     """The run, if it exists and ``caller`` may act on it; refusals are audited when ``audit``."""
     run = await plane.open.runs.get(run_id)
-    if run is not None and _owns(caller, run):
+    if run is not None and _owns(caller, run, action):
         return run
     problem = _unknown(run_id) if run is None else _not_owner(caller, run_id)
     if audit:
@@ -105,7 +108,8 @@ async def register_run(request: Request) -> Response:
     plane = http.plane_of(request)
     caller = await plane.authorize(request, "run.register", write=True)
     desk = _desk(plane)
-    assert caller.agent is not None  # the config requires it of role agent
+    agent = caller.runs_as
+    assert agent is not None  # roles agent (the config requires an agent id) and executor
     stores = plane.open
 
     async def refuse(exc: Refused, target: str = "") -> Refused:
@@ -126,13 +130,13 @@ async def register_run(request: Request) -> Response:
     checkpoint = None
     if body.resume_from is not None:
         earlier = await stores.runs.get(body.resume_from)
-        if earlier is None or earlier.agent != caller.agent:
-            message = f"resume_from: {body.resume_from} is not a run of agent {caller.agent}"
+        if earlier is None or earlier.agent != agent:
+            message = f"resume_from: {body.resume_from} is not a run of agent {agent}"
             raise await refuse(Refused(422, "invalid_request", message), run_id)
         checkpoint = await stores.runs.latest_checkpoint(body.resume_from)
     run = RunRecord(
         run_id=run_id,
-        agent=caller.agent,
+        agent=agent,
         tenant=caller.tenant,
         version=caller.version,
         tools=tuple(body.tools),
@@ -169,7 +173,7 @@ async def register_run(request: Request) -> Response:
 def _renewal(desk: LeaseDesk, caller: Caller, run_id: str, run: RunRecord | None) -> Grant | LeaseRefused:
     if run is None:
         return _unknown(run_id)
-    return desk.grant(run) if _owns(caller, run) else _not_owner(caller, run_id)
+    return desk.grant(run) if _owns(caller, run, "lease.renew") else _not_owner(caller, run_id)
 
 
 async def _audit_refusals(

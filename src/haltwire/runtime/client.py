@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import httpx2
 
@@ -62,7 +62,7 @@ class ControlClient:
             timeout=httpx2.Timeout(timeout_s),
         )
 
-    async def __aenter__(self) -> ControlClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -71,13 +71,17 @@ class ControlClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _call(self, method: str, path: str, body: Any = None) -> Any:
+    async def _call(
+        self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None
+    ) -> Any:
         try:
-            r = await self._http.request(method, path, json=body)
+            r = await self._http.request(method, path, json=body, params=params)
         except httpx2.HTTPError as exc:
             raise ControlUnreachable(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
         if r.status_code >= 500:
             raise ControlUnreachable(f"{method} {path}: HTTP {r.status_code}")
+        if r.status_code == 204:
+            return None
         try:
             data = r.json()
         except ValueError:

@@ -13,9 +13,17 @@ outcome. The states, and who moves an intent between them::
     unknown ----------commit / fail                  (the same executor, after re-issuing the call
                                                       with the same idempotency key)
     pending, awaiting_approval --cancel_for_stop--> cancelled   (a stop matching the intent)
+    claimed, unknown --check------> (same state)     (the claiming executor's final registry
+                                                      check, recording the registry revision)
+    claimed, unknown --cancel-----> cancelled        (the claiming executor, when that check
+                                                      finds a stop; never after a passed check)
 
 A claimed intent belongs to its executor: a stop does not cancel it (the executor checks the
-registry itself immediately before committing). Terminal states: committed, failed,
+registry itself immediately before performing the call, ``check``). ``checked_revision`` is
+the registry revision that check saw: a stop with a higher revision came after the decision
+to perform the call; an intent with no ``checked_revision`` never reached the upstream.
+
+Terminal states: committed, failed,
 cancelled, rejected. Every transition is conditional on the current state inside one write
 transaction; a refused one raises ``IntentStateError``.
 
@@ -71,6 +79,7 @@ COLUMNS: Final = (
     "stop_id",
     "decided_by",
     "decision_reason",
+    "checked_revision",
 )
 
 Row = Sequence[Any]
@@ -82,6 +91,16 @@ class UnknownIntent(LookupError):
 
 class IntentStateError(Exception):
     """A transition the intent's current state (or its claimant) does not allow."""
+
+
+class LimitReached(Exception):
+    """The run already has ``limit`` checked intents for this tool (a per-run intent limit)."""
+
+    def __init__(self, run_id: str, tool: str, limit: int) -> None:
+        super().__init__(
+            f"run {run_id} already has {limit} checked intent(s) for {tool}; the limit is {limit}"
+        )
+        self.run_id, self.tool, self.limit = run_id, tool, limit
 
 
 class IdempotencyConflict(Exception):
@@ -109,6 +128,7 @@ class Intent:
     stop_id: str | None = None
     decided_by: str | None = None
     decision_reason: str | None = None
+    checked_revision: int | None = None
 
     @property
     def terminal(self) -> bool:
@@ -171,6 +191,18 @@ class IntentStore(Protocol):
         """Every intent ``executor`` had claimed -> ``unknown`` (it restarted after a crash)."""
         ...
 
+    async def check(
+        self, intent_id: str, executor: str, revision: int, now: float, limit: int | None = None
+    ) -> Intent:
+        """Record the claiming executor's final registry check at ``revision`` (once: a second
+        check answers the first). With ``limit``, ``LimitReached`` instead when the intent's run
+        already has that many checked intents for its tool (counted in the same transaction)."""
+        ...
+
+    async def cancel_claimed(self, intent_id: str, executor: str, stop_id: str, now: float) -> Intent:
+        """``claimed`` or ``unknown``, never checked -> ``cancelled``: the final check found a stop."""
+        ...
+
     async def cancel_for_stop(self, scope: Scope, stop_id: str, now: float) -> builtins.list[Intent]:
         """Every pending or awaiting intent matching ``scope`` -> ``cancelled``, in one transaction."""
         ...
@@ -211,6 +243,7 @@ DDL: Final = (
     stop_id         TEXT,
     decided_by      TEXT,
     decision_reason TEXT,
+    checked_revision BIGINT,
     UNIQUE (agent, idempotency_key)
 )""",
     "CREATE INDEX IF NOT EXISTS intents_by_state ON {intents} (state, created_at)",
@@ -229,13 +262,16 @@ QUERIES: Final = {
     "get_locked": f"SELECT {_COLS} FROM {{intents}} WHERE intent_id = ? {{lock}}",
     "by_key": f"SELECT {_COLS} FROM {{intents}} WHERE agent = ? AND idempotency_key = ?",
     "move": "UPDATE {intents} SET state = ?, updated_at = ?, claimed_by = ?, claimed_at = ?, "
-    "outcome = ?, error = ?, stop_id = ?, decided_by = ?, decision_reason = ? "
+    "outcome = ?, error = ?, stop_id = ?, decided_by = ?, decision_reason = ?, checked_revision = ? "
     f"WHERE intent_id = ? AND state = ? RETURNING {_COLS}",
     "claim_next": "UPDATE {intents} SET state = 'claimed', claimed_by = ?, claimed_at = ?, updated_at = ? "
     "WHERE state = 'pending' AND intent_id = (SELECT intent_id FROM {intents} WHERE state = 'pending' "
     f"{_OLDEST} LIMIT 1 {{skip}}) RETURNING {_COLS}",
     "mark_unknown": "UPDATE {intents} SET state = 'unknown', updated_at = ? "
     f"WHERE state = 'claimed' AND claimed_by = ? RETURNING {_COLS}",
+    # What a per-run intent limit counts: the run's intents for a tool that passed their check.
+    "checked_in_run": "SELECT COUNT(*) FROM {intents} WHERE run_id = ? AND tool = ? "
+    "AND checked_revision IS NOT NULL AND intent_id <> ?",
 }
 
 #: The column expression a scope of each kind is compared with (``global`` matches every row).
@@ -247,15 +283,17 @@ _SCOPE_COLUMN: Final = {
     "version": "agent || '@' || version",
 }
 
-#: action -> (the states it may start from, the state it leads to)
-TRANSITIONS: Final[dict[str, tuple[tuple[str, ...], IntentState]]] = {
+#: action -> (the states it may start from, the state it leads to; None: the same state)
+TRANSITIONS: Final[dict[str, tuple[tuple[str, ...], IntentState | None]]] = {
     "approve": (("awaiting_approval",), "pending"),
     "reject": (("awaiting_approval",), "rejected"),
     "commit": (("claimed", "unknown"), "committed"),
     "fail": (("claimed", "unknown"), "failed"),
+    "check": (("claimed", "unknown"), None),
+    "cancel": (("claimed", "unknown"), "cancelled"),
 }
 #: Actions only the executor that claimed the intent may take.
-BY_CLAIMANT: Final = frozenset({"commit", "fail"})
+BY_CLAIMANT: Final = frozenset({"commit", "fail", "check", "cancel"})
 
 
 def new_intent_id() -> str:
@@ -323,12 +361,13 @@ def as_row(i: Intent) -> tuple[object, ...]:
         i.stop_id,
         i.decided_by,
         i.decision_reason,
+        i.checked_revision,
     )
 
 
 def from_row(row: Row) -> Intent:
     (intent_id, run_id, agent, tenant, version, tool, arguments, key, state, created_at, updated_at,
-     needs_approval, claimed_by, claimed_at, outcome, error, stop_id, decided_by, reason) = row  # fmt: skip
+     needs_approval, claimed_by, claimed_at, outcome, error, stop_id, decided_by, reason, checked) = row  # fmt: skip
     return Intent(
         intent_id=str(intent_id),
         run_id=None if run_id is None else str(run_id),
@@ -349,6 +388,7 @@ def from_row(row: Row) -> Intent:
         stop_id=None if stop_id is None else str(stop_id),
         decided_by=None if decided_by is None else str(decided_by),
         decision_reason=None if reason is None else str(reason),
+        checked_revision=None if checked is None else int(checked),
     )
 
 
@@ -370,17 +410,39 @@ def moved(
         raise UnknownIntent(intent_id)
     sources, target = TRANSITIONS[action]
     if current.state not in sources:
+        leads_to = f" -> {target}" if target else ""
         raise IntentStateError(
-            f"intent {intent_id} is {current.state}: cannot {action} it "
-            f"({' or '.join(sources)} -> {target} only)"
+            f"intent {intent_id} is {current.state}: cannot {action} it ({' or '.join(sources)}{leads_to} only)"
         )
     if action in BY_CLAIMANT and current.claimed_by != executor:
         raise IntentStateError(
             f"intent {intent_id} is {current.state} by executor {current.claimed_by!r}: "
             f"executor {executor!r} cannot {action} it"
         )
+    if action == "cancel" and current.checked_revision is not None:
+        raise IntentStateError(
+            f"intent {intent_id} passed its final check at revision {current.checked_revision}: "
+            "its call may have been made, so it settles as committed or failed, never cancelled"
+        )
     values = {name: getattr(current, name) for name in COLUMNS}
-    return Intent(**{**values, **fields, "state": target})
+    return Intent(**{**values, **fields, "state": target or current.state})
+
+
+def checked(
+    current: Intent | None, intent_id: str, executor: str, revision: int, now: float
+) -> Intent | None:
+    """``current`` after its final check at ``revision``; None when it was checked before (a
+    repeated check answers the first one, so a restarted executor can ask again)."""
+    new = moved(current, intent_id, "check", claimant(executor), checked_revision=revision, updated_at=now)
+    assert current is not None
+    return None if current.checked_revision is not None else new
+
+
+def over_limit(intent: Intent, limit: int | None, count: int) -> LimitReached | None:
+    """The refusal of a per-run intent limit, when ``count`` checked intents already reach it."""
+    if limit is None or intent.run_id is None or count < limit:
+        return None
+    return LimitReached(intent.run_id, intent.tool, limit)
 
 
 def move_params(old: Intent, new: Intent) -> tuple[object, ...]:
@@ -395,6 +457,7 @@ def move_params(old: Intent, new: Intent) -> tuple[object, ...]:
         new.stop_id,
         new.decided_by,
         new.decision_reason,
+        new.checked_revision,
         old.intent_id,
         old.state,
     )
@@ -468,6 +531,7 @@ __all__ = [
     "IntentState",
     "IntentStateError",
     "IntentStore",
+    "LimitReached",
     "RegistryUnavailable",
     "UnknownIntent",
     "new_intent_id",

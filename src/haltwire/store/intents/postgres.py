@@ -21,6 +21,7 @@ from haltwire.store.intents import (
     Intent,
     as_row,
     cancel_query,
+    checked,
     claimant,
     decider,
     from_row,
@@ -29,6 +30,7 @@ from haltwire.store.intents import (
     move_params,
     moved,
     oldest_first,
+    over_limit,
     recorded,
 )
 from haltwire.store.sql import PgConn, PostgresConnection
@@ -133,6 +135,34 @@ class PostgresIntentStore:
 
     async def mark_unknown(self, executor: str, now: float) -> builtins.list[Intent]:
         return oldest_first(await self._rows(self._q["mark_unknown"], (now, claimant(executor))))
+
+    async def check(
+        self, intent_id: str, executor: str, revision: int, now: float, limit: int | None = None
+    ) -> Intent:
+        async with self._db.connection() as conn, conn.transaction():
+            current = await self._locked(conn, intent_id)
+            new = checked(current, intent_id, executor, revision, now)
+            assert current is not None
+            if new is None:
+                return current
+            if limit is not None and current.run_id is not None:
+                # One checker per (run, tool) at a time, so two cannot both pass the count.
+                key = f"haltwire.intent-limit:{self._schema}:{current.run_id}:{current.tool}"
+                await conn.execute(sql.SQL(_LOCK).format(name=sql.Literal(key)))
+                counted = await conn.execute(
+                    self._q["checked_in_run"], (current.run_id, current.tool, intent_id)
+                )
+                row = await counted.fetchone()
+                refused = over_limit(current, limit, int(row[0]) if row else 0)
+                if refused is not None:
+                    raise refused
+            moved_row = await (await conn.execute(self._q["move"], move_params(current, new))).fetchone()
+        if moved_row is None:
+            raise lost_race(intent_id, "check")
+        return from_row(moved_row)
+
+    async def cancel_claimed(self, intent_id: str, executor: str, stop_id: str, now: float) -> Intent:
+        return await self._move(intent_id, "cancel", claimant(executor), stop_id=stop_id, updated_at=now)
 
     async def cancel_for_stop(self, scope: Scope, stop_id: str, now: float) -> builtins.list[Intent]:
         # One statement: atomic, and a row an executor is claiming meanwhile is re-checked

@@ -21,6 +21,7 @@ from haltwire.store.intents import (
     Intent,
     as_row,
     cancel_query,
+    checked,
     claimant,
     decider,
     from_row,
@@ -29,6 +30,7 @@ from haltwire.store.intents import (
     move_params,
     moved,
     oldest_first,
+    over_limit,
     recorded,
 )
 from haltwire.store.sql import SqliteConnection, immediate
@@ -116,6 +118,33 @@ class SqliteIntentStore:
             return oldest_first([from_row(row) for row in rows])
 
         return await self._db.run(write)
+
+    async def check(
+        self, intent_id: str, executor: str, revision: int, now: float, limit: int | None = None
+    ) -> Intent:
+        def write(conn: sqlite3.Connection) -> Intent:
+            with immediate(conn):  # the count and the write in one exclusive transaction
+                current = _get(conn, intent_id)
+                new = checked(current, intent_id, executor, revision, now)
+                assert current is not None
+                if new is None:
+                    return current
+                if limit is not None:
+                    (count,) = conn.execute(
+                        _Q["checked_in_run"], (current.run_id, current.tool, intent_id)
+                    ).fetchone()
+                    refused = over_limit(current, limit, int(count))
+                    if refused is not None:
+                        raise refused
+                rows = conn.execute(_Q["move"], move_params(current, new)).fetchall()
+            if not rows:
+                raise lost_race(intent_id, "check")
+            return from_row(rows[0])
+
+        return await self._db.run(write)
+
+    async def cancel_claimed(self, intent_id: str, executor: str, stop_id: str, now: float) -> Intent:
+        return await self._move(intent_id, "cancel", claimant(executor), stop_id=stop_id, updated_at=now)
 
     async def cancel_for_stop(self, scope: Scope, stop_id: str, now: float) -> builtins.list[Intent]:
         text, params = cancel_query(scope, stop_id, now)

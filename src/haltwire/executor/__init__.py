@@ -1,0 +1,44 @@
+"""The executor (``haltwire executor``): commits the intents of irreversible tools (two-step).
+
+``run_executor(config)`` connects the gateway config's upstreams, takes a lease as the
+``[executor]`` identity and settles intents until cancelled; ``Executor`` is the loop itself
+(``haltwire.executor.loop`` explains each step and what a crash leaves).
+"""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+
+import anyio
+import anyio.abc
+
+from haltwire.config import GatewayConfig
+from haltwire.executor.client import IntentClient
+from haltwire.executor.loop import Executor
+from haltwire.gateway.upstreams import UpstreamError, Upstreams
+
+__all__ = ["Executor", "IntentClient", "UpstreamError", "run_executor"]
+
+
+async def run_executor(
+    config: GatewayConfig, *, task_status: anyio.abc.TaskStatus[Executor] = anyio.TASK_STATUS_IGNORED
+) -> None:
+    """Run the executor of ``config`` (which needs ``[control]`` and ``[executor]``) until cancelled.
+
+    ``UpstreamError`` when an upstream does not start; ``ConfigError`` for an unset token
+    variable. ``task_status`` reports the executor once its upstreams are connected and its
+    crash recovery has been asked of the control plane.
+    """
+    if config.control is None or config.executor is None:
+        raise ValueError("the executor needs [control] and [executor] in the config")
+    token = config.executor.resolve_token()
+    async with AsyncExitStack() as stack:
+        upstreams = Upstreams(config.upstreams)
+        await upstreams.connect(stack)
+        control = await stack.enter_async_context(IntentClient(config.control.url, token))
+        executor = Executor(
+            control, upstreams, config.executor, deadline_s=config.labels.irreversible_deadline_s
+        )
+        async with anyio.create_task_group() as tg:
+            await tg.start(executor.run)
+            task_status.started(executor)

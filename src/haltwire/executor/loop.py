@@ -1,0 +1,204 @@
+"""The executor: the second step of the two-step pattern for irreversible tools.
+
+The gateway records a call to an irreversible tool as an intent; ``Executor`` carries it out.
+For each intent, in this order:
+
+1. claim it (``POST /v1/intents/claim``; the oldest pending one, never claimed twice);
+2. its own lease must hold (``lease.require()``): a stop on the executor, or a control
+   plane it cannot reach for ``renew_timeout_s``, ends its lease and it claims nothing more;
+3. the final check (``POST /v1/intents/{id}/check``): the control plane reads the registry
+   and either records the revision it checked or cancels the intent with the matching stop.
+   Only an intent that passed this check reaches the upstream;
+4. the call, through the gateway's upstream for the tool, with the intent's idempotency key in
+   ``_meta["io.haltwire/idempotency_key"]``, under the ``irreversible`` label's deadline. A call
+   that times out or loses its connection has an unknown outcome: it is re-issued with the same
+   key (after ``retry_s``, doubling) until the upstream answers, never with a new key;
+5. the outcome recorded: ``commit`` (a result), or ``fail`` (an error result, a JSON-RPC
+   error, or no upstream offering the tool). A control plane that cannot be reached is asked
+   again until it records it: the outcome is only in this process until then.
+
+Crash safety: on start, ``POST /v1/intents/unknown`` turns every intent this executor's
+identity had claimed into ``unknown``; those (and unknown ones left by an earlier start) go
+through steps 2 to 5 first. An unknown intent that passed its check is re-issued with its key,
+so the upstream answers the outcome it recorded instead of acting twice; one that never passed
+it is checked now, and a stop that came meanwhile cancels it.
+
+Cancellation: the executor's tasks belong to ``run``'s task group; cancelling ``run`` (the
+process stopping) abandons an intent mid-call, and the next start resolves it as above. An
+intent whose check passed is carried through even if the lease ends meanwhile: that stop came
+after the decision (its revision is above ``checked_revision``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, TypeVar
+
+import anyio
+import anyio.abc
+from mcp.shared.exceptions import MCPError
+
+from haltwire.config import ExecutorSection
+from haltwire.errors import describe
+from haltwire.executor.client import IntentClient
+from haltwire.gateway.idempotency import KEY_META
+from haltwire.gateway.upstreams import Upstreams, UpstreamUnavailable
+from haltwire.runtime.client import ControlRefused, ControlUnreachable
+from haltwire.runtime.lease import Lease, StopRequested
+
+log = logging.getLogger("haltwire.executor")
+
+T = TypeVar("T")
+
+#: The longest wait between two attempts at a failed request.
+RETRY_MAX_S: Final = 10.0
+
+
+class Executor:
+    """Claims, checks, performs and records intents; ``await run()`` until cancelled."""
+
+    def __init__(
+        self,
+        control: IntentClient,
+        upstreams: Upstreams,
+        settings: ExecutorSection,
+        *,
+        deadline_s: float,
+    ) -> None:
+        self.control = control
+        self.upstreams = upstreams
+        self.settings = settings
+        self.deadline_s = deadline_s
+        #: Intents this process holds without an outcome yet (resolved first, in order).
+        self._held: list[dict[str, Any]] = []
+        #: What happened, per intent id (``committed``, ``failed``, ``cancelled``): for demos and tests.
+        self.settled: dict[str, str] = {}
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Recover what a crash left, then settle intents for as long as the lease holds; when it
+        ends (a stop on the executor), wait and take a new one. Started once recovery is asked."""
+        self._held = await self._retrying(self._unresolved)
+        task_status.started()
+        while True:
+            try:
+                async with Lease.start(self.control, agent_class=self.settings.agent_class) as lease:
+                    log.info("executor: lease for run %s", lease.run_id)
+                    async with anyio.create_task_group() as tg:
+                        for _ in range(self.settings.workers):
+                            tg.start_soon(self._work, lease)
+                    log.warning("executor: lease ended (%s); claiming nothing", lease.notice)
+            except StopRequested as exc:
+                log.warning("executor: no lease: %s", exc.notice.message)
+            except ControlUnreachable as exc:
+                log.warning("executor: control plane unreachable: %s", exc)
+            except ControlRefused as exc:  # an unknown agent class, say: a configuration to mend
+                log.error("executor: the control plane refused a lease: %s", exc)
+            await anyio.sleep(self.settings.retry_s)
+
+    async def _unresolved(self) -> list[dict[str, Any]]:
+        """This identity's intents without an outcome (claimed ones are now unknown)."""
+        unknown = await self.control.mark_unknown()
+        if unknown:
+            log.warning("executor: %d intent(s) with unknown outcome to resolve", len(unknown))
+        return unknown
+
+    async def _work(self, lease: Lease) -> None:
+        while lease.notice is None:
+            if self._held:
+                intent = self._held.pop(0)
+            else:
+                try:
+                    lease.require()
+                    claimed = await self.control.claim()
+                except StopRequested:
+                    return
+                except ControlUnreachable as exc:
+                    log.warning("executor: claiming failed: %s", exc)
+                    await anyio.sleep(self.settings.retry_s)
+                    continue
+                if claimed is None:
+                    with anyio.move_on_after(self.settings.poll_s):
+                        await lease.ended.wait()
+                    continue
+                intent = claimed
+            if not await self.settle(intent, lease):
+                self._held.append(intent)  # not checked: kept for the next lease
+                return
+
+    # -- one intent ----------------------------------------------------------------------------
+
+    async def settle(self, intent: dict[str, Any], lease: Lease) -> bool:
+        """Check, perform and record one claimed (or unknown) intent. False when the lease had
+        ended before the check: the intent stays with this executor, unperformed."""
+        intent_id = intent["intent_id"]
+        try:
+            lease.require()
+            checked = await self._retrying(lambda: self.control.check(intent_id))
+        except StopRequested:
+            return False
+        except ControlRefused as exc:
+            if exc.code == "stopped":
+                log.warning("intent %s cancelled by stop %s: %s", intent_id, exc.error.get("stop_id"), exc)
+                self.settled[intent_id] = "cancelled"
+            else:  # settled meanwhile, or not ours: nothing to perform
+                log.error("intent %s: the check was refused: %s", intent_id, exc)
+            return True
+        outcome, error = await self._perform(checked)
+        if error is None:
+            await self._record(intent_id, "committed", lambda: self.control.commit(intent_id, outcome))
+        else:
+            await self._record(intent_id, "failed", lambda: self.control.fail(intent_id, error))
+        return True
+
+    async def _perform(self, intent: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """The upstream's answer: (result, None) to commit, or ({}, error) to fail."""
+        route = self.upstreams.route(intent["tool"])
+        if route is None:
+            return {}, f"no upstream offers the tool {intent['tool']}"
+        meta = {KEY_META: intent["idempotency_key"]}
+        delay = self.settings.retry_s
+        while True:
+            try:
+                with anyio.fail_after(self.deadline_s):
+                    result = await route.upstream.call_tool(route.tool, intent["arguments"], meta, None)
+            except (TimeoutError, UpstreamUnavailable) as exc:
+                # Performed or not, nobody knows: the same key again, never a new one.
+                log.warning(
+                    "intent %s: outcome unknown (%s); re-issuing with its key",
+                    intent["intent_id"],
+                    describe(exc),
+                )
+                await anyio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+                continue
+            except MCPError as exc:
+                return {}, f"the upstream answered an error: {exc.message}"
+            break
+        if result.get("isError"):
+            texts = [c.get("text", "") for c in result.get("content", []) if isinstance(c, dict)]
+            return {}, " ".join(t for t in texts if t) or "the tool answered an error"
+        result.pop("_meta", None)
+        return result, None
+
+    async def _record(self, intent_id: str, state: str, write: Callable[[], Awaitable[Any]]) -> None:
+        try:
+            await self._retrying(write)
+        except ControlRefused as exc:  # settled by someone else; the call itself is done
+            log.error("intent %s: recording %s was refused: %s", intent_id, state, exc)
+            return
+        self.settled[intent_id] = state
+        log.info("intent %s %s", intent_id, state)
+
+    async def _retrying(self, request: Callable[[], Awaitable[T]]) -> T:
+        """``await request()`` until the control plane answers (a refusal is an answer)."""
+        delay = self.settings.retry_s
+        while True:
+            try:
+                return await request()
+            except ControlUnreachable as exc:
+                log.warning("executor: control plane unreachable (%s); asking again in %.1f s", exc, delay)
+                await anyio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)

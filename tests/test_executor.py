@@ -1,0 +1,355 @@
+"""The executor: real control plane, shop upstream (a side-effect recorder), gateway and MCP client.
+
+Each test runs the executor in-process (``run_executor``) against servers on real sockets;
+the crash tests with ``kill -9`` are ``test_executor_crash.py``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+
+from haltwire.config import GatewayConfig, parse_config
+from haltwire.control import create_app, parse_control_config
+from haltwire.demo.shop import KEY_META, Shop
+from haltwire.executor import Executor, run_executor
+from haltwire.gateway.intents import INTENT_TOOL
+from haltwire.serve import serving
+from harness import TOKENS, config_dict, connect, running_gateway
+from test_control import TOKEN, auth
+from test_gateway_stops import issue, until
+from test_leases_api import config_dict as control_config
+
+pytestmark = pytest.mark.anyio
+
+
+@asynccontextmanager
+async def control_plane(db: Path, **sections: Any) -> AsyncIterator[str]:
+    """Leases (the executor holds one), executor-1 and the other roles of test_control; a fast
+    heartbeat so the gateway stays current."""
+    data = control_config({"backend": "sqlite", "path": str(db)})
+    data["control"]["heartbeat_s"] = 0.5
+    data.update(sections)
+    async with serving(create_app(parse_control_config(data)), graceful_s=1) as url:
+        yield url
+
+
+@asynccontextmanager
+async def shop(tmp_path: Path, delay_s: float = 0.0) -> AsyncIterator[tuple[Shop, str]]:
+    s = Shop(tmp_path / "ledger.db", delay_s=delay_s)
+    try:
+        async with serving(s.http_app()) as url:
+            yield s, url
+    finally:
+        s.close()
+
+
+def gateway_config(shop_url: str, control: str, **extra: Any) -> dict[str, Any]:
+    data = config_dict(
+        shop_url,
+        control={"url": control, "token": TOKEN["gateway"], "staleness_s": 5},
+        intents={"enabled": True},
+        executor={"token": TOKEN["executor"], "poll_s": 0.05, "retry_s": 0.05},
+        **extra,
+    )
+    data["upstreams"][0]["name"] = "shop"
+    return data
+
+
+@asynccontextmanager
+async def executor(config: dict[str, Any]) -> AsyncIterator[Executor]:
+    async with anyio.create_task_group() as tg:
+        ex: Executor = await tg.start(run_executor, parse_config(config))
+        yield ex
+        tg.cancel_scope.cancel()
+
+
+async def propose(
+    cp: str, key: str, order: str = "A-1001", cents: int = 1000, run: str | None = "r-1"
+) -> dict[str, Any]:
+    """Record a refund intent as the gateway would."""
+    body = {
+        "run_id": run,
+        "agent": "ops-bot",
+        "tenant": "acme",
+        "version": "1.0",
+        "tool": "issue_refund",
+        "arguments": {"order_id": order, "amount_cents": cents},
+        "idempotency_key": key,
+    }
+    async with httpx2.AsyncClient(base_url=cp, timeout=10) as http:
+        r = await http.post("/v1/intents", json=body, headers=auth("gateway"))
+    assert r.status_code == 201, r.text
+    intent: dict[str, Any] = r.json()
+    return intent
+
+
+async def intents(cp: str) -> dict[str, dict[str, Any]]:
+    async with httpx2.AsyncClient(base_url=cp, timeout=10) as http:
+        r = await http.get("/v1/intents", params={"limit": 1000}, headers=auth("operator"))
+    assert r.status_code == 200, r.text
+    return {i["idempotency_key"]: i for i in r.json()["intents"]}
+
+
+async def as_executor(cp: str, method: str, path: str, **kwargs: Any) -> httpx2.Response:
+    async with httpx2.AsyncClient(base_url=cp, timeout=10) as http:
+        return await http.request(method, path, headers=auth("executor"), **kwargs)
+
+
+async def settled(cp: str, count: int, within: float = 10.0) -> dict[str, dict[str, Any]]:
+    """The intents once ``count`` of them are terminal."""
+    terminal = {"committed", "failed", "cancelled", "rejected"}
+
+    async def done() -> bool:
+        return sum(i["state"] in terminal for i in (await intents(cp)).values()) >= count
+
+    await until(done, within)
+    return await intents(cp)
+
+
+async def test_an_agents_refund_becomes_an_intent_the_executor_commits_once(tmp_path: Path) -> None:
+    async with (
+        control_plane(tmp_path / "control.db") as cp,
+        shop(tmp_path) as (s, up),
+        running_gateway(gateway_config(up, cp)) as (_, url),
+        connect(url, TOKENS["ops-bot"]) as client,
+    ):
+        args = {"order_id": "A-1002", "amount_cents": 2500}
+        proposed = await client.call_tool("issue_refund", args, meta={KEY_META: "refund-A-1002"})  # type: ignore[arg-type]
+        intent = (proposed.structured_content or {})["intent"]
+        assert intent["state"] == "pending" and s.ledger()["applied"] == 0, "the agent only proposes"
+
+        async with executor(gateway_config(up, cp)) as ex:
+            done = await settled(cp, 1)
+            assert ex.settled == {intent["intent_id"]: "committed"}
+        committed = done["refund-A-1002"]
+        ledger = s.ledger()
+        assert committed["state"] == "committed" and committed["checked_revision"] is not None
+        assert [
+            (r["idempotency_key"], r["order_id"], r["amount_cents"], r["requests"]) for r in ledger["refunds"]
+        ] == [("refund-A-1002", "A-1002", 2500, 1)]
+        assert committed["outcome"]["structuredContent"]["refund_id"] == ledger["refunds"][0]["refund_id"]
+        assert committed["claimed_by"] == "executor-1"
+
+        # The agent reads the outcome through the gateway's status tool.
+        status = await client.call_tool(INTENT_TOOL, {"intent_id": intent["intent_id"]})
+        shown = (status.structured_content or {})["intent"]
+        assert shown["state"] == "committed" and shown["outcome"]["structuredContent"]["order_id"] == "A-1002"
+
+
+async def test_a_stop_cancels_pending_intents_and_the_final_check_cancels_a_claimed_one(
+    tmp_path: Path,
+) -> None:
+    async with control_plane(tmp_path / "control.db") as cp:
+        first = await propose(cp, "k-1")
+        await propose(cp, "k-2", run="r-2")
+        claimed = (await as_executor(cp, "POST", "/v1/intents/claim")).json()
+        assert claimed["intent_id"] == first["intent_id"]
+
+        stop = await issue(cp, "tenant:acme")
+        now = await intents(cp)
+        # Pending: cancelled by the stop before it was answered. Claimed: left to the executor.
+        assert (now["k-2"]["state"], now["k-2"]["stop_id"]) == ("cancelled", stop["stop_id"])
+        assert now["k-1"]["state"] == "claimed"
+
+        r = await as_executor(cp, "POST", f"/v1/intents/{first['intent_id']}/check")
+        assert r.status_code == 409, r.text
+        error = r.json()["error"]
+        assert (error["code"], error["stop_id"], error["intent"]["state"]) == (
+            "stopped",
+            stop["stop_id"],
+            "cancelled",
+        )
+        cancelled = (await intents(cp))["k-1"]
+        assert (cancelled["state"], cancelled["stop_id"], cancelled["checked_revision"]) == (
+            "cancelled",
+            stop["stop_id"],
+            None,
+        )
+        # A second check of a settled intent is refused, and names why.
+        again = await as_executor(cp, "POST", f"/v1/intents/{first['intent_id']}/check")
+        assert again.status_code == 409 and again.json()["error"]["code"] == "invalid_transition"
+
+
+async def test_a_passed_check_is_never_cancelled_and_a_repeated_check_answers_the_first(
+    tmp_path: Path,
+) -> None:
+    async with control_plane(tmp_path / "control.db") as cp:
+        intent = await propose(cp, "k-1")
+        await as_executor(cp, "POST", "/v1/intents/claim")
+        r = await as_executor(cp, "POST", f"/v1/intents/{intent['intent_id']}/check")
+        assert r.status_code == 200, r.text
+        revision = r.json()["checked_revision"]
+        stop = await issue(cp, "run:r-1")
+        assert stop["revision"] > revision
+        # The stop came after the decision: the check answers the first one, not the stop.
+        again = await as_executor(cp, "POST", f"/v1/intents/{intent['intent_id']}/check")
+        assert again.status_code == 200 and again.json()["checked_revision"] == revision
+        assert (await intents(cp))["k-1"]["state"] == "claimed"
+        # Only an executor checks; an unknown intent is 404.
+        async with httpx2.AsyncClient(base_url=cp, timeout=10) as http:
+            r = await http.post(f"/v1/intents/{intent['intent_id']}/check", headers=auth("operator"))
+        assert r.status_code == 403 and r.json()["error"]["needed_roles"] == ["executor"]
+        assert (await as_executor(cp, "POST", "/v1/intents/nope/check")).status_code == 404
+
+
+async def test_the_per_run_limit_writes_a_stop_and_cancels_the_intent_past_it(tmp_path: Path) -> None:
+    limits = [{"tool": "issue_refund", "per_run": 2}]
+    async with control_plane(tmp_path / "control.db", intent_limits=limits) as cp, shop(tmp_path) as (s, up):
+        for n in range(3):
+            await propose(cp, f"k-{n}", order=f"A-100{n + 1}")
+        await propose(cp, "other-run", order="A-1009", run="r-9")
+        async with executor(gateway_config(up, cp)):
+            done = await settled(cp, 4)
+        states = {k: i["state"] for k, i in done.items()}
+        assert states == {
+            "k-0": "committed",
+            "k-1": "committed",
+            "k-2": "cancelled",
+            "other-run": "committed",
+        }
+        async with httpx2.AsyncClient(base_url=cp, timeout=10) as http:
+            stops = (await http.get("/v1/stops", headers=auth("operator"))).json()["stops"]
+        assert [(x["scope"], x["issued_by"]) for x in stops] == [("run:r-1", "intent-limit")]
+        assert (
+            done["k-2"]["stop_id"] == stops[0]["stop_id"] and "more than 2 issue_refund" in stops[0]["reason"]
+        )
+        assert sorted(r["idempotency_key"] for r in s.ledger()["refunds"]) == ["k-0", "k-1", "other-run"]
+
+
+async def test_a_restarted_executor_resolves_what_it_held_with_the_same_key_never_twice(
+    tmp_path: Path,
+) -> None:
+    async with control_plane(tmp_path / "control.db") as cp, shop(tmp_path) as (s, up):
+        # A crash before the check: claimed, never checked, never performed.
+        early = await propose(cp, "early", order="A-1001")
+        assert (await as_executor(cp, "POST", "/v1/intents/claim")).json()["intent_id"] == early["intent_id"]
+        # A crash after the upstream applied it but before the outcome was recorded.
+        late = await propose(cp, "late", order="A-1002")
+        assert (await as_executor(cp, "POST", "/v1/intents/claim")).json()["intent_id"] == late["intent_id"]
+        assert (await as_executor(cp, "POST", f"/v1/intents/{late['intent_id']}/check")).status_code == 200
+        async with connect(f"{up}/mcp", None) as direct:
+            applied = await direct.call_tool("issue_refund", late["arguments"], meta={KEY_META: "late"})  # type: ignore[arg-type]
+        assert not applied.is_error
+        # A crash before the check, and a stop since: cancelled, not performed.
+        stopped = await propose(cp, "stopped", order="A-1003", run="r-3")
+        assert (await as_executor(cp, "POST", "/v1/intents/claim")).json()["intent_id"] == stopped[
+            "intent_id"
+        ]
+        stop = await issue(cp, "run:r-3")
+
+        async with executor(gateway_config(up, cp)):
+            done = await settled(cp, 3)
+        assert {k: i["state"] for k, i in done.items()} == {
+            "early": "committed",
+            "late": "committed",
+            "stopped": "cancelled",
+        }
+        assert done["stopped"]["stop_id"] == stop["stop_id"]
+        ledger = s.ledger()
+        assert {r["idempotency_key"]: r["requests"] for r in ledger["refunds"]} == {"early": 1, "late": 2}
+        assert ledger["by_order"] == {"A-1001": 1, "A-1002": 1}, "each order refunded once"
+        late_refund = next(r for r in ledger["refunds"] if r["idempotency_key"] == "late")
+        assert done["late"]["outcome"]["structuredContent"]["refund_id"] == late_refund["refund_id"]
+
+
+async def test_a_stop_on_the_executor_ends_its_lease_and_it_claims_nothing_until_cleared(
+    tmp_path: Path,
+) -> None:
+    async with control_plane(tmp_path / "control.db") as cp, shop(tmp_path) as (s, up):
+        async with executor(gateway_config(up, cp)):
+            stop = await issue(cp, "agent:executor-1")
+            await anyio.sleep(0.3)  # the push reaches the executor's lease
+            await propose(cp, "k-1")
+            await anyio.sleep(0.5)
+            assert (await intents(cp))["k-1"]["state"] == "pending" and s.ledger()["applied"] == 0
+            async with httpx2.AsyncClient(base_url=cp, timeout=10) as http:
+                r = await http.post(
+                    f"/v1/stops/{stop['stop_id']}/clear", json={"reason": "ok"}, headers=auth("operator")
+                )
+            assert r.status_code == 200
+            done = await settled(cp, 1)
+        assert done["k-1"]["state"] == "committed" and s.ledger()["applied"] == 1
+
+
+async def test_error_results_and_unknown_tools_fail_the_intent_and_apply_nothing(tmp_path: Path) -> None:
+    async with control_plane(tmp_path / "control.db") as cp, shop(tmp_path) as (s, up):
+        await propose(cp, "too-much", cents=50_000)  # over the $200 cap: the shop refuses
+        async with httpx2.AsyncClient(base_url=cp, timeout=10) as http:
+            body = {
+                "agent": "ops-bot", "tenant": "acme", "version": "1.0", "tool": "wire_money",
+                "arguments": {}, "idempotency_key": "no-such-tool",
+            }  # fmt: skip
+            assert (await http.post("/v1/intents", json=body, headers=auth("gateway"))).status_code == 201
+        async with executor(gateway_config(up, cp)):
+            done = await settled(cp, 2)
+        assert done["too-much"]["state"] == "failed" and "200" in done["too-much"]["error"]
+        assert done["no-such-tool"]["state"] == "failed" and "wire_money" in done["no-such-tool"]["error"]
+        assert s.ledger()["applied"] == 0
+
+
+async def test_the_executor_keeps_an_outcome_until_the_control_plane_records_it(tmp_path: Path) -> None:
+    """The control plane goes away between the call and the commit: the executor asks again."""
+    from tcp_proxy import TcpProxy
+
+    async with control_plane(tmp_path / "control.db") as cp, shop(tmp_path, delay_s=0.5) as (s, up):
+        async with TcpProxy.running(int(cp.rsplit(":", 1)[1])) as proxy:
+            config = gateway_config(up, cp)
+            config["control"]["url"] = proxy.url
+            await propose(cp, "k-1")
+            async with executor(config):
+
+
+                async def checked() -> bool:
+                    return (await intents(cp))["k-1"]["checked_revision"] is not None
+
+                await until(checked, 10)
+                proxy.block()  # the refund is on its way (0.5 s); its commit cannot get through
+                await until(lambda: anyio.to_thread.run_sync(lambda: s.ledger()["applied"] == 1), 10)
+                await anyio.sleep(1.0)
+                assert (await intents(cp))["k-1"]["state"] == "claimed"
+                proxy.unblock()
+                done = await settled(cp, 1)
+        assert done["k-1"]["state"] == "committed" and s.ledger()["refunds"][0]["requests"] == 1
+
+
+def test_the_cli_refuses_a_config_without_an_executor_section(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        '[gateway]\ndevelopment = true\n\n[[upstreams]]\nname = "u"\nurl = "http://127.0.0.1:9/mcp"\n'
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "haltwire", "executor", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "executor: the section is missing" in done.stderr
+    config.write_text(config.read_text() + '\n[executor]\ntoken = "t"\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "haltwire", "executor", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "add [control]" in done.stderr
+
+
+def test_gateway_config_rejects_a_plain_executor_token_outside_development() -> None:
+    data = gateway_config("http://127.0.0.1:9", "http://127.0.0.1:8")
+    data["gateway"]["development"] = False
+    data["identities"] = []
+    data["control"] = {"url": "http://127.0.0.1:8", "token_env": "X"}
+    from haltwire.config import ConfigError
+
+    with pytest.raises(ConfigError, match="executor: plain 'token'"):
+        parse_config(data)
+    assert isinstance(parse_config({**data, "executor": {"token_env": "Y"}}), GatewayConfig)
