@@ -6,6 +6,7 @@ the crash tests with ``kill -9`` are ``test_executor_crash.py``.
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -19,7 +20,7 @@ import pytest
 
 from haltwire.config import GatewayConfig, parse_config
 from haltwire.control import create_app, parse_control_config
-from haltwire.demo.shop import KEY_META, Shop
+from haltwire.demo.shop import KEY_META, ORDERS, Shop
 from haltwire.executor import Executor, run_executor
 from haltwire.gateway.intents import INTENT_TOOL
 from haltwire.serve import serving
@@ -30,12 +31,14 @@ from test_leases_api import config_dict as control_config
 
 pytestmark = pytest.mark.anyio
 
+ORDER_IDS = sorted(ORDERS)
+
 
 @asynccontextmanager
-async def control_plane(db: Path, **sections: Any) -> AsyncIterator[str]:
+async def control_plane(db: Path | dict[str, Any], **sections: Any) -> AsyncIterator[str]:
     """Leases (the executor holds one), executor-1 and the other roles of test_control; a fast
-    heartbeat so the gateway stays current."""
-    data = control_config({"backend": "sqlite", "path": str(db)})
+    heartbeat so the gateway stays current. ``db``: a SQLite file, or a ``[registry]`` section."""
+    data = control_config(db if isinstance(db, dict) else {"backend": "sqlite", "path": str(db)})
     data["control"]["heartbeat_s"] = 0.5
     data.update(sections)
     async with serving(create_app(parse_control_config(data)), graceful_s=1) as url:
@@ -307,7 +310,6 @@ async def test_the_executor_keeps_an_outcome_until_the_control_plane_records_it(
             await propose(cp, "k-1")
             async with executor(config):
 
-
                 async def checked() -> bool:
                     return (await intents(cp))["k-1"]["checked_revision"] is not None
 
@@ -319,6 +321,52 @@ async def test_the_executor_keeps_an_outcome_until_the_control_plane_records_it(
                 proxy.unblock()
                 done = await settled(cp, 1)
         assert done["k-1"]["state"] == "committed" and s.ledger()["refunds"][0]["requests"] == 1
+
+
+@pytest.mark.timeout(240)
+async def test_stops_raced_against_commits_cancel_every_pending_intent_and_commit_none_after(
+    tmp_path: Path, store: dict[str, Any]
+) -> None:
+    """Many rounds: intents of one run flow to four executor workers while a stop for the run
+    lands at a random moment. Once the stop is answered nothing of the run is pending; every
+    intent ends cancelled by that stop (never applied) or committed after a check at a revision
+    below the stop's (applied once); nothing else."""
+    rng = random.Random(5)
+    rounds, per_round = 25, 8
+    seen = {"committed": 0, "cancelled": 0}
+    async with control_plane(store) as cp, shop(tmp_path, delay_s=0.005) as (s, up):
+        config = gateway_config(up, cp)
+        config["executor"]["workers"] = 4
+        async with executor(config):
+            for n in range(rounds):
+                run = f"race-{n}"
+                keys = [f"{run}-{i}" for i in range(per_round)]
+                async with anyio.create_task_group() as tg:
+                    for i, key in enumerate(keys):
+                        tg.start_soon(propose, cp, key, ORDER_IDS[i % len(ORDER_IDS)], 1000, run)
+                await anyio.sleep(rng.uniform(0, 0.06))
+                stop = await issue(cp, f"run:{run}")
+                now = {k: i for k, i in (await intents(cp)).items() if i["run_id"] == run}
+                assert not [k for k, i in now.items() if i["state"] == "pending"], "pending after the stop"
+
+                async def run_settled() -> bool:
+                    mine = [i for i in (await intents(cp)).values() if i["run_id"] == run]  # noqa: B023
+                    return all(i["state"] in ("committed", "cancelled") for i in mine)
+
+                await until(run_settled, 20)
+                final = {k: i for k, i in (await intents(cp)).items() if i["run_id"] == run}
+                applied = {r["idempotency_key"]: r for r in s.ledger()["refunds"]}
+                for key in keys:
+                    intent = final[key]
+                    if intent["state"] == "cancelled":
+                        assert intent["stop_id"] == stop["stop_id"] and key not in applied, intent
+                    else:
+                        assert intent["state"] == "committed", intent
+                        assert intent["checked_revision"] < stop["revision"], (intent, stop)
+                        assert applied[key]["requests"] == 1
+                    seen[intent["state"]] += 1
+    # The race was real: both outcomes happened, in the same run and across runs.
+    assert seen["committed"] > 0 and seen["cancelled"] > 0, seen
 
 
 def test_the_cli_refuses_a_config_without_an_executor_section(tmp_path: Path) -> None:
