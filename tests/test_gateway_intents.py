@@ -255,6 +255,20 @@ async def test_without_intents_enabled_irreversible_calls_are_forwarded_as_befor
         assert demo.served["lookup_order"] == 1
 
 
+async def test_with_control_intents_are_on_by_default_and_can_be_turned_off(tmp_path: Path) -> None:
+    async with control_plane(tmp_path / "control.db") as cp, running_upstream() as (demo, up):
+        data = intents_config(up, cp)
+        del data["intents"]  # the default with [control]: on
+        assert parse_config(data).intents_on
+        async with running_gateway(data) as (_, url), connect(url, TOKENS["ops-bot"]) as client:
+            assert intent_of(await call(client, "lookup_order", ORDER))["state"] == "pending"
+        data["intents"] = {"enabled": False}
+        async with running_gateway(data) as (_, url), connect(url, TOKENS["ops-bot"]) as client:
+            assert not (await call(client, "lookup_order", ORDER)).is_error
+        assert demo.served["lookup_order"] == 1
+    assert not parse_config(config_dict("http://127.0.0.1:9")).intents_on  # no [control]: off
+
+
 def test_intents_need_a_control_plane() -> None:
     data = config_dict("http://127.0.0.1:9")
     data["intents"] = {"enabled": True}

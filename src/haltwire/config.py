@@ -310,11 +310,12 @@ class BrokerLink(ConfigModel):
 class IntentsSection(ConfigModel):
     """``[intents]``: calls to irreversible tools become intents for the executor (two-step).
 
-    Off by default: until an executor runs, an intent is only a record, and turning it on
-    would leave every irreversible call (and every tool without annotations) unperformed.
+    ``enabled`` unset: on when the gateway has ``[control]`` (intents live there), off without
+    it (irreversible calls are then forwarded under their label's deadline). On, an irreversible
+    call is performed only once an executor (``haltwire executor``) commits it.
     """
 
-    enabled: bool = False
+    enabled: bool | None = None
 
 
 class GatewayConfig(ConfigModel):
@@ -332,6 +333,11 @@ class GatewayConfig(ConfigModel):
     executor: ExecutorSection | None = None
     identities: list[IdentityConfig] = Field(default_factory=list)
     upstreams: list[UpstreamConfig] = Field(min_length=1)
+
+    @property
+    def intents_on(self) -> bool:
+        """Whether irreversible calls become intents (``[intents] enabled``, by default with ``[control]``)."""
+        return self.control is not None if self.intents.enabled is None else self.intents.enabled
 
     @model_validator(mode="after")
     def _consistent(self) -> GatewayConfig:
@@ -386,7 +392,7 @@ class GatewayConfig(ConfigModel):
                 f"counters.slot_ttl_s ({self.counters.slot_ttl_s:g}) must exceed the longest deadline "
                 f"({longest:g} s), or a slow call's slot would expire while it runs"
             )
-        if self.intents.enabled and self.control is None:
+        if self.intents.enabled is True and self.control is None:
             raise ValueError("intents.enabled needs [control]: intents are recorded in the control plane")
         return self
 

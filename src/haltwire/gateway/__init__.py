@@ -56,12 +56,8 @@ def create_app(
     idempotency = Idempotency(idempotency_store(config), config.idempotency.ttl_s, clock=clock)
     upstreams = Upstreams(config.upstreams)
     stops = StopWatch(config.control) if config.control is not None else None
-    # Irreversible calls become intents only when asked for ([intents] enabled, with [control]).
-    intents = (
-        IntentDesk(config.control, config.upstreams)
-        if config.intents.enabled and config.control is not None
-        else None
-    )
+    # Irreversible calls become intents with [control] (unless [intents] enabled = false).
+    intents = IntentDesk(config.control, config.upstreams) if config.intents_on and config.control else None
     leases = None
     if config.leases is not None:
         required = [i.agent for i in config.identities if i.lease == "required"]
