@@ -369,26 +369,34 @@ async def test_stops_raced_against_commits_cancel_every_pending_intent_and_commi
     assert seen["committed"] > 0 and seen["cancelled"] > 0, seen
 
 
-def test_the_cli_refuses_a_config_without_an_executor_section(tmp_path: Path) -> None:
+def run_cli(config: Path, text: str) -> subprocess.CompletedProcess[str]:
+    config.write_text(text)
+    return subprocess.run(
+        [sys.executable, "-m", "haltwire", "executor", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_cli_names_a_bad_config_or_an_upstream_that_does_not_start_and_exits_2(tmp_path: Path) -> None:
     config = tmp_path / "gateway.toml"
-    config.write_text(
-        '[gateway]\ndevelopment = true\n\n[[upstreams]]\nname = "u"\nurl = "http://127.0.0.1:9/mcp"\n'
-    )
-    done = subprocess.run(
-        [sys.executable, "-m", "haltwire", "executor", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    base = '[gateway]\ndevelopment = true\n\n[[upstreams]]\nname = "u"\nurl = "http://127.0.0.1:9/mcp"\n'
+    base += "connect_timeout_s = 1\n"
+    done = run_cli(config, base)
     assert done.returncode == 2 and "executor: the section is missing" in done.stderr
-    config.write_text(config.read_text() + '\n[executor]\ntoken = "t"\n')
-    done = subprocess.run(
-        [sys.executable, "-m", "haltwire", "executor", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_cli(config, base + '\n[executor]\ntoken = "t"\n')
     assert done.returncode == 2 and "add [control]" in done.stderr
+    done = run_cli(
+        config,
+        base
+        + '\n[executor]\ntoken_env = "HALTWIRE_TEST_UNSET"\n\n[control]\nurl = "http://127.0.0.1:9"\ntoken = "t"\n',
+    )
+    assert done.returncode == 2 and "HALTWIRE_TEST_UNSET is not set" in done.stderr
+    done = run_cli(
+        config, base + '\n[executor]\ntoken = "t"\n\n[control]\nurl = "http://127.0.0.1:9"\ntoken = "t"\n'
+    )
+    assert done.returncode == 2 and "upstream" in done.stderr and "u" in done.stderr, done.stderr
 
 
 def test_gateway_config_rejects_a_plain_executor_token_outside_development() -> None:

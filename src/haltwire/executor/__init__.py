@@ -13,6 +13,7 @@ import anyio
 import anyio.abc
 
 from haltwire.config import GatewayConfig
+from haltwire.errors import unwrapped
 from haltwire.executor.client import IntentClient
 from haltwire.executor.loop import Executor
 from haltwire.gateway.upstreams import UpstreamError, Upstreams
@@ -32,13 +33,14 @@ async def run_executor(
     if config.control is None or config.executor is None:
         raise ValueError("the executor needs [control] and [executor] in the config")
     token = config.executor.resolve_token()
-    async with AsyncExitStack() as stack:
-        upstreams = Upstreams(config.upstreams)
-        await upstreams.connect(stack)
-        control = await stack.enter_async_context(IntentClient(config.control.url, token))
-        executor = Executor(
-            control, upstreams, config.executor, deadline_s=config.labels.irreversible_deadline_s
-        )
-        async with anyio.create_task_group() as tg:
-            await tg.start(executor.run)
-            task_status.started(executor)
+    with unwrapped():  # an upstream that does not start comes out as UpstreamError, not a group
+        async with AsyncExitStack() as stack:
+            upstreams = Upstreams(config.upstreams)
+            await upstreams.connect(stack)
+            control = await stack.enter_async_context(IntentClient(config.control.url, token))
+            executor = Executor(
+                control, upstreams, config.executor, deadline_s=config.labels.irreversible_deadline_s
+            )
+            async with anyio.create_task_group() as tg:
+                await tg.start(executor.run)
+                task_status.started(executor)
