@@ -166,4 +166,4 @@ def test_the_example_control_config_is_valid() -> None:
 
     config = load_control_config(Path(__file__).parent.parent / "examples" / "control.toml")
     assert config.registry.backend == "sqlite" and config.registry.path.is_absolute()
-    assert {i.role for i in config.identities} == {"operator", "tripwire", "gateway", "agent"}
+    assert {i.role for i in config.identities} == {"operator", "tripwire", "gateway", "executor", "agent"}
