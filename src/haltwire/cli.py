@@ -162,6 +162,10 @@ def _demo(args: argparse.Namespace) -> int:
 
         upstream_main(args.rest)
         return 0
+    if args.demo == "refunds":
+        from haltwire.demo.refunds import main as refunds_main
+
+        return refunds_main(args.rest)
     from haltwire.demo.loop import main as loop_main
 
     status: int = loop_main(args.rest)
@@ -204,8 +208,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_parsers(sub)
 
-    demo = sub.add_parser("demo", help="run a demo: 'loop' (the seed's scenarios) or 'upstream'")
-    demo.add_argument("demo", choices=["loop", "upstream"])
+    demo = sub.add_parser(
+        "demo",
+        help="run a demo: 'loop' (the seed's scenarios), 'refunds' (the refund incident) or 'upstream'",
+    )
+    demo.add_argument("demo", choices=["loop", "refunds", "upstream"])
     demo.add_argument("rest", nargs=argparse.REMAINDER)
     demo.set_defaults(func=_demo)
     return parser
