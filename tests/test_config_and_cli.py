@@ -167,3 +167,25 @@ def test_the_example_control_config_is_valid() -> None:
     config = load_control_config(Path(__file__).parent.parent / "examples" / "control.toml")
     assert config.registry.backend == "sqlite" and config.registry.path.is_absolute()
     assert {i.role for i in config.identities} == {"operator", "tripwire", "gateway", "executor", "agent"}
+
+
+def test_a_taken_port_is_one_sentence_and_exit_1_for_the_gateway_and_the_control_plane(
+    tmp_path: Path,
+) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        control = tmp_path / "control.toml"
+        control.write_text(f'[control]\nport = {port}\ndevelopment = true\n[registry]\npath = "c.db"\n')
+        gateway = tmp_path / "gateway.toml"
+        gateway.write_text(
+            f'[gateway]\nport = {port}\n\n[[upstreams]]\nname = "u"\nurl = "http://127.0.0.1:9/mcp"\n'
+        )
+        for command, config in (("control", control), ("gateway", gateway)):
+            done = run_cli(command, "--config", str(config))
+            assert done.returncode == 1, done.stderr
+            assert f"haltwire {command}: cannot listen on 127.0.0.1:{port}" in done.stderr
+            assert "Traceback" not in done.stderr

@@ -24,7 +24,7 @@ EXIT_USAGE = 2
 
 def _gateway(args: argparse.Namespace) -> int:
     from haltwire.gateway import ControlUnreachable, UpstreamError, create_app
-    from haltwire.serve import serve_forever
+    from haltwire.serve import CannotListen, listen, serve_forever
 
     try:
         config = load_config(args.config)
@@ -38,6 +38,11 @@ def _gateway(args: argparse.Namespace) -> int:
     except ConfigError as exc:  # control.token_env names an unset variable
         print(f"haltwire gateway: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        sock = listen(host, port)  # before the upstreams start: a taken port is said at once
+    except CannotListen as exc:
+        print(f"haltwire gateway: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
 
     async def run() -> int:
         async with AsyncExitStack() as stack:
@@ -53,7 +58,7 @@ def _gateway(args: argparse.Namespace) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-            await serve_forever(app, host, port)
+            await serve_forever(app, sock)
         return 0
 
     try:
@@ -100,7 +105,7 @@ def _executor(args: argparse.Namespace) -> int:
 def _control(args: argparse.Namespace) -> int:
     from haltwire.control import create_app, load_control_config
     from haltwire.control.stores import open_stores
-    from haltwire.serve import serve_forever
+    from haltwire.serve import CannotListen, listen, serve_forever
     from haltwire.store.registry import RegistryUnavailable
 
     try:
@@ -116,6 +121,11 @@ def _control(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     host = args.host or config.control.host
     port = args.port if args.port is not None else config.control.port
+    try:
+        sock = listen(host, port)
+    except CannotListen as exc:
+        print(f"haltwire control: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
     print(
         f"haltwire control {__version__} on http://{host}:{port} (registry: {config.registry.backend})",
         file=sys.stderr,
@@ -125,7 +135,7 @@ def _control(args: argparse.Namespace) -> int:
     async def run() -> None:
         # Opened here, not in the app's lifespan, so an unreachable store is an exit code.
         async with open_stores(config.registry) as stores:
-            await serve_forever(create_app(config, stores), host, port)
+            await serve_forever(create_app(config, stores), sock)
 
     try:
         anyio.run(run)

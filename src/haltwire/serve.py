@@ -67,7 +67,19 @@ async def serving(
     sock.close()
 
 
-async def serve_forever(app: Any, host: str, port: int) -> None:
-    sock = bind(host, port)
+def listen(host: str, port: int) -> socket.socket:
+    """``bind`` for a command: ``CannotListen`` (a sentence) when the address is taken or invalid."""
+    try:
+        return bind(host, port)
+    except OSError as exc:
+        raise CannotListen(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+class CannotListen(Exception):
+    """The command's address cannot be bound (in use, or not an address of this machine)."""
+
+
+async def serve_forever(app: Any, sock: socket.socket) -> None:
+    """Serve ``app`` on a socket bound beforehand (``listen``), until cancelled."""
     config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False)
     await uvicorn.Server(config).serve([sock])
