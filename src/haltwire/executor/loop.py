@@ -24,9 +24,10 @@ so the upstream answers the outcome it recorded instead of acting twice; one tha
 it is checked now, and a stop that came meanwhile cancels it.
 
 Cancellation: the executor's tasks belong to ``run``'s task group; cancelling ``run`` (the
-process stopping) abandons an intent mid-call, and the next start resolves it as above. An
-intent whose check passed is carried through even if the lease ends meanwhile: that stop came
-after the decision (its revision is above ``checked_revision``).
+process stopping) abandons an intent mid-call, and the next start resolves it as above. When
+the lease ends, the executor claims nothing more; a call already under way is carried through
+(that stop came after the decision: its revision is above ``checked_revision``), and an intent
+checked but not yet called is held for the next lease, its check standing.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ T = TypeVar("T")
 
 #: The longest wait between two attempts at a failed request.
 RETRY_MAX_S: Final = 10.0
+#: How many settled intents ``Executor.settled`` remembers.
+SETTLED_KEPT: Final = 10_000
 
 
 class Executor:
@@ -72,7 +75,8 @@ class Executor:
         self.deadline_s = deadline_s
         #: Intents this process holds without an outcome yet (resolved first, in order).
         self._held: list[dict[str, Any]] = []
-        #: What happened, per intent id (``committed``, ``failed``, ``cancelled``): for demos and tests.
+        #: What happened to the latest intents (``committed``, ``failed``, ``cancelled``), by id:
+        #: for demos and tests; the control plane is the record.
         self.settled: dict[str, str] = {}
 
     # -- the loop ------------------------------------------------------------------------------
@@ -142,10 +146,14 @@ class Executor:
         except ControlRefused as exc:
             if exc.code == "stopped":
                 log.warning("intent %s cancelled by stop %s: %s", intent_id, exc.error.get("stop_id"), exc)
-                self.settled[intent_id] = "cancelled"
+                self._note(intent_id, "cancelled")
             else:  # settled meanwhile, or not ours: nothing to perform
                 log.error("intent %s: the check was refused: %s", intent_id, exc)
             return True
+        if lease.notice is not None:
+            # Ended while the check was answered: held, checked; the next lease performs it
+            # (its check stands: it came before the stop).
+            return False
         outcome, error = await self._perform(checked)
         if error is None:
             await self._record(intent_id, "committed", lambda: self.control.commit(intent_id, outcome))
@@ -189,8 +197,13 @@ class Executor:
         except ControlRefused as exc:  # settled by someone else; the call itself is done
             log.error("intent %s: recording %s was refused: %s", intent_id, state, exc)
             return
-        self.settled[intent_id] = state
+        self._note(intent_id, state)
         log.info("intent %s %s", intent_id, state)
+
+    def _note(self, intent_id: str, state: str) -> None:
+        if len(self.settled) >= SETTLED_KEPT:
+            del self.settled[next(iter(self.settled))]  # the oldest: dicts keep insertion order
+        self.settled[intent_id] = state
 
     async def _retrying(self, request: Callable[[], Awaitable[T]]) -> T:
         """``await request()`` until the control plane answers (a refusal is an answer)."""
