@@ -101,10 +101,10 @@ def _counting(app: Any, counts: Counter[str]) -> Any:
 
 async def serve_upstream(port: int) -> None:
     from haltwire.demo.upstream import DemoUpstream
-    from haltwire.serve import serve_forever
+    from haltwire.serve import listen, serve_forever
 
     demo = DemoUpstream()
-    await serve_forever(_counting(demo.http_app(), Counter()), HOST, port)
+    await serve_forever(_counting(demo.http_app(), Counter()), listen(HOST, port))
 
 
 async def serve_bare(upstream: str, port: int, with_schema: bool) -> None:
@@ -115,7 +115,7 @@ async def serve_bare(upstream: str, port: int, with_schema: bool) -> None:
     from mcp.server.lowlevel import Server
     from mcp.server.transport_security import TransportSecuritySettings
 
-    from haltwire.serve import serve_forever
+    from haltwire.serve import listen, serve_forever
 
     http = httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=None))
     async with http, Client(streamable_http_client(upstream, http_client=http), cache=None) as client:
@@ -138,7 +138,7 @@ async def serve_bare(upstream: str, port: int, with_schema: bool) -> None:
             stateless_http=True,
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         )
-        await serve_forever(app, HOST, port)
+        await serve_forever(app, listen(HOST, port))
 
 
 async def serve_fastmcp(upstream: str, port: int) -> None:
@@ -148,7 +148,7 @@ async def serve_fastmcp(upstream: str, port: int) -> None:
     from fastmcp.server.dependencies import get_http_request
     from fastmcp.server.middleware.rate_limiting import RateLimitingMiddleware
 
-    from haltwire.serve import serve_forever
+    from haltwire.serve import listen, serve_forever
 
     def caller(context: Any) -> str:
         return str(get_http_request().headers.get("authorization", "anonymous"))
@@ -161,7 +161,7 @@ async def serve_fastmcp(upstream: str, port: int) -> None:
             RateLimitingMiddleware(max_requests_per_second=1e9, burst_capacity=10**9, get_client_id=caller)
         )
         app = proxy.http_app(stateless_http=True, json_response=True, host_origin_protection=False)
-        await serve_forever(app, HOST, port)
+        await serve_forever(app, listen(HOST, port))
 
 
 def gateway_config(upstream: str) -> str:

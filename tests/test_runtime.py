@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -326,7 +326,7 @@ async def test_a_pool_renews_many_runs_in_one_request_and_a_stop_ends_exactly_it
         CountingClient(url) as counting,
         LeasePool.open(counting) as pool,
     ):
-        control = cast(CountingClient, counting)
+        control = counting
         leases = [await pool.start_run(agent_class="fast") for _ in range(30)]
         tokens = [lease.require() for lease in leases]
         await anyio.sleep(2.6)  # past renew_timeout_s: only renewals keep them alive
