@@ -74,7 +74,8 @@ def test_fifty_runs_are_each_capped_at_exactly_five_refunds_and_the_report_match
         # Restart deliberately: cleared with a reason, a new run resumed from the last checkpoint.
         restart, last = run["restart"], run["last_checkpoint"]
         assert restart["reason"] and restart["run_id"] != run["run_id"], name
-        assert restart["checkpoint"] == last and last["orders_done"][-1] == AFTER[4], name
+        # (The sixth order is in it when the agent saw its intent cancelled before the push.)
+        assert restart["checkpoint"] == last and last["orders_done"][-1] in AFTER[4:6], name
         events = {e["event"]: e["ms"] for e in run["timeline"]}
         assert events["refund 5 committed"] <= events["stop written"] <= events["intent 6 cancelled"], name
         assert events["stop written"] <= events["lease renewal refused"], name
