@@ -409,3 +409,33 @@ def test_gateway_config_rejects_a_plain_executor_token_outside_development() -> 
     with pytest.raises(ConfigError, match="executor: plain 'token'"):
         parse_config(data)
     assert isinstance(parse_config({**data, "executor": {"token_env": "Y"}}), GatewayConfig)
+
+
+async def test_an_intent_awaiting_approval_is_performed_only_once_approved(tmp_path: Path) -> None:
+    async with control_plane(tmp_path / "control.db") as cp, shop(tmp_path) as (s, up):
+        async with httpx2.AsyncClient(base_url=cp, timeout=10) as http:
+
+            async def awaiting(key: str, order: str) -> str:
+                body = {
+                    "run_id": "r-1", "agent": "ops-bot", "tenant": "acme", "version": "1.0",
+                    "tool": "issue_refund", "arguments": {"order_id": order, "amount_cents": 900},
+                    "idempotency_key": key, "needs_approval": True,
+                }  # fmt: skip
+                r = await http.post("/v1/intents", json=body, headers=auth("gateway"))
+                assert r.status_code == 201 and r.json()["state"] == "awaiting_approval", r.text
+                return str(r.json()["intent_id"])
+
+            approved, rejected = await awaiting("ok", "A-1001"), await awaiting("no", "A-1002")
+            async with executor(gateway_config(up, cp)):
+                await anyio.sleep(0.5)  # the executor polls: nothing is claimable yet
+                assert s.ledger()["applied"] == 0
+                assert (
+                    await http.post(f"/v1/intents/{approved}/approve", headers=auth("operator"))
+                ).status_code == 200
+                r = await http.post(
+                    f"/v1/intents/{rejected}/reject", json={"reason": "no"}, headers=auth("operator")
+                )
+                assert r.status_code == 200
+                done = await settled(cp, 2)
+        assert (done["ok"]["state"], done["no"]["state"]) == ("committed", "rejected")
+        assert [r["idempotency_key"] for r in s.ledger()["refunds"]] == ["ok"]
