@@ -228,6 +228,25 @@ async def test_the_per_run_limit_writes_a_stop_and_cancels_the_intent_past_it(tm
         assert sorted(r["idempotency_key"] for r in s.ledger()["refunds"]) == ["k-0", "k-1", "other-run"]
 
 
+async def test_four_workers_past_a_runs_limit_leave_one_stop_that_cancels_the_rest(tmp_path: Path) -> None:
+    limits = [{"tool": "issue_refund", "per_run": 2}]
+    async with control_plane(tmp_path / "control.db", intent_limits=limits) as cp, shop(tmp_path) as (s, up):
+        for n in range(8):
+            await propose(cp, f"k-{n}", order=ORDER_IDS[n])
+        config = gateway_config(up, cp)
+        config["executor"]["workers"] = 4
+        async with executor(config):
+            done = await settled(cp, 8)
+        async with httpx2.AsyncClient(base_url=cp, timeout=10) as http:
+            stops = (await http.get("/v1/stops?all=1", headers=auth("operator"))).json()["stops"]
+        assert [(x["scope"], x["issued_by"]) for x in stops] == [("run:r-1", "intent-limit")]
+        states = sorted(i["state"] for i in done.values())
+        assert states == ["cancelled"] * 6 + ["committed"] * 2
+        assert {i["stop_id"] for i in done.values() if i["state"] == "cancelled"} == {stops[0]["stop_id"]}
+        committed = sorted(k for k, i in done.items() if i["state"] == "committed")
+        assert sorted(r["idempotency_key"] for r in s.ledger()["refunds"]) == committed
+
+
 async def test_a_restarted_executor_resolves_what_it_held_with_the_same_key_never_twice(
     tmp_path: Path,
 ) -> None:

@@ -75,6 +75,7 @@ def _executor(args: argparse.Namespace) -> int:
         if config.executor is None:
             raise ConfigError(f"{args.config}: executor: the section is missing (the executor's token)")
         assert config.control is not None  # the config requires it with [executor]
+        control_url = config.control.url
         config.executor.resolve_token()
     except ConfigError as exc:
         print(f"haltwire executor: {exc}", file=sys.stderr)
@@ -90,7 +91,7 @@ def _executor(args: argparse.Namespace) -> int:
             names = ", ".join(u.name for u in config.upstreams)
             print(
                 f"haltwire executor {__version__}: committing intents through {names} "
-                f"(control plane {config.control.url if config.control else '?'})",
+                f"(control plane {control_url})",
                 file=sys.stderr,
                 flush=True,
             )

@@ -113,6 +113,8 @@ class Plane:
         self.mirror = self.leases.mirror if self.leases else StopMirror()
         #: Issues run credentials; None without [broker] (the credential endpoints answer 501).
         self.broker = Broker.from_config(config, self.mirror)
+        #: One [[intent_limits]] stop at a time, so checks past a run's limit together write one.
+        self.limit_stops = anyio.Lock()
 
     @property
     def open(self) -> Stores:

@@ -359,8 +359,17 @@ async def check_intent(request: Request) -> Response:
 
 
 async def _limit_stop(plane: http.Plane, intent: Intent, exc: LimitReached) -> tuple[Scope, StopRecord]:
-    reason = f"intent limit: run {exc.run_id} asked for more than {exc.limit} {exc.tool} ({intent.intent_id})"
-    stop = await http.record_stop(plane, LIMIT_CALLER, f"run:{exc.run_id}", reason)
+    """The stop for a run past its limit: the one another check just wrote, else a new one
+    (one replica writes one; two replicas at the same instant may write two)."""
+    async with plane.limit_stops:
+        await plane.mirror.catch_up(plane.open.registry)
+        hit = _stop_on(plane, intent)
+        if hit is not None:
+            return hit
+        reason = (
+            f"intent limit: run {exc.run_id} asked for more than {exc.limit} {exc.tool} ({intent.intent_id})"
+        )
+        stop = await http.record_stop(plane, LIMIT_CALLER, f"run:{exc.run_id}", reason)
     return Scope("run", exc.run_id), stop
 
 
