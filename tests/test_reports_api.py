@@ -327,3 +327,21 @@ async def test_an_empty_run_reports_empty_sections_and_its_registration(
         assert await cli("report", "r-1", "--token", TOKEN["agent"]) == 0
         out = capsys.readouterr().out
         assert "Completed actions: none" in out and "Stops: none" in out and "Timeline (1)" in out
+
+
+async def test_a_call_the_stop_refused_is_in_the_runs_timeline(tmp_path: Path) -> None:
+    from test_intents_api import body
+
+    async with plane(sqlite(tmp_path)) as (client, _):
+        await register(client, "r-1")
+        await issue(client, "run:r-1", "refund loop")
+        refused = await client.post("/v1/intents", json=body("k-late", run_id="r-1"), headers=auth("gateway"))
+        assert refused.status_code == 409 and refused.json()["error"]["code"] == "stopped"
+        steps = [(t["action"], t["target"], t["outcome"]) for t in (await report(client, "r-1"))["timeline"]]
+        assert steps[-1] == ("intent.create", "k-late", "refused")
+        # Another run's refused call is not in it.
+        await register(client, "r-2")
+        await issue(client, "run:r-2", "refund loop")
+        await client.post("/v1/intents", json=body("k-other", run_id="r-2"), headers=auth("gateway"))
+        again = [t["target"] for t in (await report(client, "r-1"))["timeline"]]
+        assert "k-other" not in again

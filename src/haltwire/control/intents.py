@@ -102,8 +102,10 @@ def _unknown(intent_id: str) -> Refused:
     return Refused(404, "unknown_intent", f"no intent has the id {intent_id}")
 
 
-async def _refuse(plane: http.Plane, caller: Caller, action: str, target: str, exc: Refused) -> Refused:
-    await plane.audit(caller, action, target, "refused", exc.message, code=exc.code)
+async def _refuse(
+    plane: http.Plane, caller: Caller, action: str, target: str, exc: Refused, **detail: Any
+) -> Refused:
+    await plane.audit(caller, action, target, "refused", exc.message, code=exc.code, **detail)
     return exc
 
 
@@ -133,19 +135,26 @@ async def create_intent(request: Request) -> Response:
         new = new_intent(now=time.time(), **body.model_dump())
     except ValueError as exc:
         invalid = Refused(422, "invalid_request", str(exc))
-        raise await _refuse(plane, caller, "intent.create", body.idempotency_key, invalid) from None
+        raise await _refuse(
+            plane, caller, "intent.create", body.idempotency_key, invalid, run_id=body.run_id
+        ) from None
     await plane.mirror.catch_up(plane.open.registry)
     hit = _stop_on(plane, new)
     if hit is not None:
         # A repeat of a call recorded before the stop still answers what was recorded.
         earlier = await store.by_key(body.agent, body.idempotency_key)
         if earlier is None:
-            raise await _refuse(plane, caller, "intent.create", body.idempotency_key, _stopped(hit))
+            # With its run, so the run's report shows the call the stop refused.
+            raise await _refuse(
+                plane, caller, "intent.create", body.idempotency_key, _stopped(hit), run_id=body.run_id
+            )
     try:
         intent, created = await store.create(new)
     except IdempotencyConflict as exc:
         conflict = Refused(409, "idempotency_conflict", str(exc))
-        raise await _refuse(plane, caller, "intent.create", body.idempotency_key, conflict) from None
+        raise await _refuse(
+            plane, caller, "intent.create", body.idempotency_key, conflict, run_id=body.run_id
+        ) from None
     if not created:
         return JSONResponse(intent_json(intent))
     # A stop recorded after the check but before the insert cancelled nothing of this intent:
