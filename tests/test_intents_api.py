@@ -326,8 +326,13 @@ async def test_an_intent_needing_approval_waits_for_an_operator(store: dict[str,
 # -- stops --------------------------------------------------------------------------------------
 
 
-async def test_a_stop_cancels_exactly_the_pending_intents_it_covers(store: dict[str, Any]) -> None:
+async def test_a_stop_cancels_exactly_the_intents_it_covers_whose_call_was_not_made(
+    store: dict[str, Any],
+) -> None:
     async with plane(store) as (client, _):
+        checked = await propose(client, "k-checked")
+        assert (await claim(client)).json()["intent_id"] == checked["intent_id"]
+        assert (await settle(client, checked["intent_id"], "check")).status_code == 200
         claimed = await propose(client, "k-claimed")
         assert (await claim(client)).json()["intent_id"] == claimed["intent_id"]
         committed = await propose(client, "k-done")
@@ -345,7 +350,8 @@ async def test_a_stop_cancels_exactly_the_pending_intents_it_covers(store: dict[
             for i in (await client.get("/v1/intents", headers=auth("viewer"))).json()["intents"]
         }
         assert states == {
-            "k-claimed": ("claimed", None),  # its executor checks the registry before committing
+            "k-checked": ("claimed", None),  # passed its final check: its call may be made
+            "k-claimed": ("cancelled", stop["stop_id"]),  # claimed, never checked: not made
             "k-pending": ("cancelled", stop["stop_id"]),
             "k-awaiting": ("cancelled", stop["stop_id"]),
             "k-other": ("pending", None),
@@ -361,14 +367,16 @@ async def test_a_stop_cancels_exactly_the_pending_intents_it_covers(store: dict[
         )
         assert records[0]["detail"] == {
             "stop_id": stop["stop_id"],
-            "intents": [pending["intent_id"], awaiting["intent_id"]],
+            "intents": [claimed["intent_id"], pending["intent_id"], awaiting["intent_id"]],
         }
         # A cancelled intent is neither approved nor claimed.
         r = await settle(client, awaiting["intent_id"], "approve", "operator")
         assert r.status_code == 409
         assert (await claim(client)).json()["intent_id"] == other_run["intent_id"]
+        assert (await settle(client, other_run["intent_id"], "check")).status_code == 200
 
-        # A tenant stop reaches the run-less intent; a stop covering nothing adds no record.
+        # A tenant stop reaches the run-less intent, not the checked one; a stop covering
+        # nothing adds no record.
         await issue(client, "tool:lookup")
         assert len(await audit(client, "intent.cancel")) == 1
         tenant = await issue(client, "tenant:acme")
@@ -650,3 +658,31 @@ async def test_schemathesis_finds_no_failure_in_the_intent_endpoints(tmp_path: P
     found = re.search(r"Selected: (\d+)/(\d+)\s+Tested: (\d+)", output)
     assert found is not None, output
     assert int(found[1]) == int(found[3]) == 10, output
+
+
+async def test_the_final_check_is_the_backstop_for_a_stop_that_did_not_cancel(store: dict[str, Any]) -> None:
+    """A stop written to the registry without the API's cancelling (as when that cancelling
+    failed): the claimed intent is still cancelled by the executor's check, not performed."""
+    import time
+
+    async with plane(store) as (client, stores):
+        intent = await propose(client, "k-1")
+        assert (await claim(client)).json()["intent_id"] == intent["intent_id"]
+        stop = await stores.registry.issue_stop("run:r-1", "refund loop", "operator-1", now=time.time())
+        assert (await get(client, intent["intent_id"]))["state"] == "claimed"
+        r = await settle(client, intent["intent_id"], "check")
+        assert r.status_code == 409, r.text
+        error = r.json()["error"]
+        assert (error["code"], error["stop_id"], error["scope"]) == ("stopped", stop.stop_id, "run:r-1")
+        cancelled = await get(client, intent["intent_id"])
+        assert (cancelled["state"], cancelled["stop_id"], cancelled["checked_revision"]) == (
+            "cancelled",
+            stop.stop_id,
+            None,
+        )
+        cancels = [
+            rec
+            for rec in (await client.get("/v1/audit", headers=auth("operator"))).json()["records"]
+            if rec["action"] == "intent.cancel"
+        ]
+        assert [c["detail"]["intents"] for c in cancels] == [[intent["intent_id"]]]

@@ -314,18 +314,21 @@ async def test_after_a_crash_claimed_intents_become_unknown_and_are_resolved(bac
     assert other is not None and other.state == "claimed"  # ex2's claim is left alone
     assert await restarted.mark_unknown("ex1", NOW + 21) == []
     assert await restarted.claim_next("ex1", NOW + 22) is None  # unknown is never claimed again
-    # A stop does not cancel what an executor may already have performed.
-    assert await restarted.cancel_for_stop(Scope("global"), "stp_1", NOW + 22) == []
+    # a had passed its final check before the crash (its call may have been made), b had not.
+    await restarted.check(a.intent_id, "ex1", 5, NOW + 22)
+    # A stop cancels what was never checked (b, and c, claimed by ex2), not what may have happened.
+    cancelled = await restarted.cancel_for_stop(Scope("global"), "stp_1", NOW + 22)
+    assert sorted(i.intent_id for i in cancelled) == sorted([b.intent_id, c.intent_id])
     with pytest.raises(IntentStateError, match=r"ex1.*ex2"):
         await restarted.commit(a.intent_id, "ex2", {}, NOW + 23)
     # Re-issued with the same idempotency key, the upstream answers; the intent is resolved.
     resolved = await restarted.commit(a.intent_id, "ex1", {"refund": "re_1"}, NOW + 24)
     assert (resolved.state, resolved.outcome) == ("committed", {"refund": "re_1"})
-    gave_up = await restarted.fail(b.intent_id, "ex1", "upstream: no such refund", NOW + 25)
-    assert gave_up.state == "failed"
+    with pytest.raises(IntentStateError, match="is cancelled"):
+        await restarted.fail(b.intent_id, "ex1", "upstream: no such refund", NOW + 25)
 
 
-async def test_a_stop_cancels_matching_pending_and_awaiting_intents(backend: Backend) -> None:
+async def test_a_stop_cancels_matching_intents_whose_call_was_not_made(backend: Backend) -> None:
     scopes = [
         Scope("run", "r1"),
         Scope("tenant", "acme"),
@@ -346,18 +349,24 @@ async def test_a_stop_cancels_matching_pending_and_awaiting_intents(backend: Bac
             await pending(store, f"{n}-tool", NOW + 6, tool="lookup_order"),
             await pending(store, f"{n}-agent", NOW + 7, agent="a2"),
             await pending(store, f"{n}-version", NOW + 8, version="2.2"),
-            await pending(store, f"{n}-claimed", NOW + 0.5),
+            await pending(store, f"{n}-unchecked", NOW + 0.6),
+            await pending(store, f"{n}-checked", NOW + 0.5),
         ]
-        claimed = await store.claim_next(f"ex{n}", NOW + 9)
-        assert claimed is not None and claimed.intent_id == made[-1].intent_id
+        checked = await store.claim_next(f"ex{n}", NOW + 9)
+        assert checked is not None and checked.intent_id == made[-1].intent_id
+        await store.check(checked.intent_id, f"ex{n}", 1, NOW + 9)  # its call may be made: left alone
+        unchecked = await store.claim_next(f"ex{n}", NOW + 9)  # claimed, never checked: cancelled
+        assert unchecked is not None and unchecked.intent_id == made[-2].intent_id
         cancelled = await store.cancel_for_stop(scope, f"stp_{n}", NOW + 10)
-        expected = [i.intent_id for i in made[:-1] if scope in i.scopes]
-        assert [i.intent_id for i in cancelled] == expected, scope
-        assert made[0].intent_id in expected and made[1].intent_id in expected
+        expected = sorted((i for i in made[:-1] if scope in i.scopes), key=lambda i: i.created_at)
+        expected_ids = [i.intent_id for i in expected]
+        assert [i.intent_id for i in cancelled] == expected_ids, scope
+        assert made[0].intent_id in expected_ids and made[1].intent_id in expected_ids
+        assert made[-2].intent_id in expected_ids
         for intent in made:
             stored = await store.get(intent.intent_id)
             assert stored is not None
-            if intent.intent_id in expected:
+            if intent.intent_id in expected_ids:
                 assert (stored.state, stored.stop_id, stored.updated_at) == (
                     "cancelled",
                     f"stp_{n}",
@@ -421,32 +430,40 @@ async def test_a_closed_store_and_an_unreachable_server_are_unavailable(backend:
         await PostgresIntentStore.open("postgresql://postgres@127.0.0.1:1/test", connect_timeout=1)
 
 
-async def test_a_stop_racing_claims_leaves_each_intent_claimed_or_cancelled(backend: Backend) -> None:
+async def test_a_stop_racing_claims_and_checks_cancels_every_intent_not_checked(backend: Backend) -> None:
     executor = await backend.open()  # the executor's own connection; the stop comes on another
     ids = {(await pending(backend.store, f"k{i}", NOW + i)).intent_id for i in range(20)}
     claimed: list[Intent] = []
     cancelled: list[Intent] = []
 
-    async def claim_all() -> None:
+    checked: list[str] = []
+
+    async def claim_and_check_all() -> None:
         while (intent := await executor.claim_next("ex1", NOW + 100)) is not None:
             claimed.append(intent)
+            try:  # the executor's final check, as soon as it has claimed
+                await executor.check(intent.intent_id, "ex1", 1, NOW + 100)
+                checked.append(intent.intent_id)
+            except IntentStateError:  # the stop cancelled it between the claim and the check
+                pass
 
     async def stop() -> None:
-        while len(claimed) < 2:  # the stop lands while the executor is claiming
+        while len(claimed) < 2:  # the stop lands while the executor is claiming and checking
             await anyio.sleep(0.001)
         cancelled.extend(await backend.store.cancel_for_stop(Scope("run", "r1"), "stp_1", NOW + 100))
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(claim_all)
+        tg.start_soon(claim_and_check_all)
         tg.start_soon(stop)
-    assert len(claimed) >= 2
-    assert {i.intent_id for i in claimed} | {i.intent_id for i in cancelled} == ids
-    assert not {i.intent_id for i in claimed} & {i.intent_id for i in cancelled}
+    assert len(claimed) >= 2 and checked
+    # Every intent is either checked (its call may be made) or cancelled by the stop, never both.
+    assert set(checked) | {i.intent_id for i in cancelled} == ids
+    assert not set(checked) & {i.intent_id for i in cancelled}
     for intent in await backend.store.list():
-        if intent.state == "claimed":
-            assert intent.stop_id is None and intent.claimed_by == "ex1"
+        if intent.intent_id in checked:
+            assert (intent.state, intent.stop_id, intent.checked_revision) == ("claimed", None, 1)
         else:
-            assert (intent.state, intent.stop_id, intent.claimed_by) == ("cancelled", "stp_1", None)
+            assert (intent.state, intent.stop_id, intent.checked_revision) == ("cancelled", "stp_1", None)
 
 
 async def test_the_final_check_records_its_revision_once_and_blocks_cancelling(intents: IntentStore) -> None:

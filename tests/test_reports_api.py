@@ -61,10 +61,13 @@ async def scenario(client: httpx2.AsyncClient) -> dict[str, Any]:
     assert r.status_code == 200, r.text
     r = await settle(client, await claimed("k-fail"), "fail", error="card declined")
     assert r.status_code == 200, r.text
+    # Checked, so their calls may have been made: the stop below leaves them in flight.
     await claimed("k-flight", "executor-2")  # executor-2 restarts: its claim becomes unknown
+    assert (await settle(client, ids["k-flight"], "check", who="executor-2")).status_code == 200
     r = await client.post("/v1/intents/unknown", headers=auth("executor-2"))
     assert [i["intent_id"] for i in r.json()["intents"]] == [ids["k-flight"]]
     await claimed("k-claimed")  # claimed, no outcome yet: in flight too
+    assert (await settle(client, ids["k-claimed"], "check")).status_code == 200
 
     # The other run: its intent cancelled by its own stop, its lease refused.
     ids["other"] = (await propose(client, "k-other", run_id="r-2"))["intent_id"]
@@ -150,9 +153,11 @@ async def test_a_report_has_each_intent_in_its_section_the_stops_and_the_timelin
             ("intent.fail", i["k-fail"], "ok"),
             ("intent.create", i["k-flight"], "ok"),
             ("intent.claim", i["k-flight"], "ok"),
+            ("intent.check", i["k-flight"], "ok"),
             ("intent.unknown", "executor-2", "ok"),
             ("intent.create", i["k-claimed"], "ok"),
             ("intent.claim", i["k-claimed"], "ok"),
+            ("intent.check", i["k-claimed"], "ok"),
             ("intent.create", i["k-cancel"], "ok"),
             ("stop.issue", "run:r-1", "ok"),
             ("intent.cancel", "run:r-1", "ok"),
@@ -285,7 +290,7 @@ async def test_cli_report_prints_the_sections_and_its_json_is_the_api(
             "Pending (1)",
             "Rejected (1)",
             "Stops (1)",
-            "Timeline (21)",
+            "Timeline (23)",
         ]
         at = [out.index(t) for t in titles]
         assert at == sorted(at), out

@@ -1,16 +1,18 @@
 """The control plane's intent endpoints: record, read, claim, commit, fail, approve, reject.
 
 The gateway records an intent for a call to an irreversible tool (``POST /v1/intents``) instead
-of calling it; the executor claims intents one at a time, commits or fails each one it
-claimed, and after a restart marks what it had claimed ``unknown`` (it then re-issues those
-calls with their idempotency keys). Operators approve or reject intents that wait for it.
-The states and who moves them are ``haltwire.store.intents``.
+of calling it; the executor claims intents one at a time, asks for the final registry check
+before each call (``check``), commits or fails each one it claimed, and after a restart marks
+what it had claimed ``unknown`` (it then re-issues those calls with their idempotency keys).
+Operators approve or reject intents that wait for it. The states and who moves them are
+``haltwire.store.intents``.
 
 Stops: a new intent is refused (409 ``stopped``, nothing recorded) when an active stop already
 matches one of its scopes, and every stop issued through this control plane cancels the
-pending and awaiting intents its scope covers before ``POST /v1/stops`` answers
-(``cancel_for_stop``). A stop landing between the check and the insert is caught by checking
-again after the insert. Every write is audited, refused ones too, as in ``runs``.
+intents its scope covers whose call was not made (pending, awaiting approval, claimed but not
+checked) before ``POST /v1/stops`` answers (``cancel_for_stop``). A stop landing between the
+check and the insert is caught by checking again after the insert. Every write is audited,
+refused ones too, as in ``runs``.
 """
 
 from __future__ import annotations
@@ -190,7 +192,8 @@ async def _audit_cancelled(
 
 
 async def cancel_for_stop(plane: http.Plane, caller: Caller, stop: StopRecord) -> None:
-    """Cancel the pending and awaiting intents ``stop`` covers; called by ``POST /v1/stops``.
+    """Cancel the intents ``stop`` covers whose call was not made (pending, awaiting approval,
+    claimed but never checked); called by ``POST /v1/stops``.
 
     The stop is recorded (and watchers notified) before this runs, and it is what stops the
     work: the executor checks the registry immediately before every commit, so an intent this
@@ -324,6 +327,9 @@ LIMIT_CALLER: Final = Caller("intent-limit", "tripwire")
 async def check_intent(request: Request) -> Response:
     """The executor's final check, immediately before it performs a claimed intent's call.
 
+    A stop cancels claimed intents that were never checked as it is issued; this check is what
+    tells the executor (409 ``stopped``), and the backstop when that cancelling failed.
+
     Reads the registry (the mirror catches up with one ``MAX(revision)`` query), then either
     records ``checked_revision`` and answers 200 (perform the call now), or cancels the intent
     with the stop that matches it and answers 409 ``stopped``. A per-run limit
@@ -339,6 +345,10 @@ async def check_intent(request: Request) -> Response:
         intent = await store.get(intent_id)
         if intent is None:
             raise _unknown(intent_id)
+        if intent.state == "cancelled" and intent.stop_id and intent.claimed_by == caller.name:
+            # A stop cancelled it while this executor held it, before its check: not performed.
+            message = f"intent {intent_id} was cancelled by stop {intent.stop_id} before its check"
+            raise Refused(409, "stopped", message, stop_id=intent.stop_id, intent=intent_json(intent))
         if intent.checked_revision is None:
             await plane.mirror.catch_up(plane.open.registry)
             revision = plane.mirror.stops.revision

@@ -12,16 +12,18 @@ outcome. The states, and who moves an intent between them::
     claimed ----------mark_unknown-> unknown         (the claiming executor, restarted after a crash)
     unknown ----------commit / fail                  (the same executor, after re-issuing the call
                                                       with the same idempotency key)
-    pending, awaiting_approval --cancel_for_stop--> cancelled   (a stop matching the intent)
+    pending, awaiting_approval,
+    claimed, unknown never checked --cancel_for_stop--> cancelled   (a stop matching the intent)
     claimed, unknown --check------> (same state)     (the claiming executor's final registry
                                                       check, recording the registry revision)
     claimed, unknown --cancel-----> cancelled        (the claiming executor, when that check
                                                       finds a stop; never after a passed check)
 
-A claimed intent belongs to its executor: a stop does not cancel it (the executor checks the
-registry itself immediately before performing the call, ``check``). ``checked_revision`` is
-the registry revision that check saw: a stop with a higher revision came after the decision
-to perform the call; an intent with no ``checked_revision`` never reached the upstream.
+The executor checks the registry itself immediately before performing the call (``check``).
+``checked_revision`` is the registry revision that check saw: a stop with a higher revision
+came after the decision to perform the call; an intent with no ``checked_revision`` never
+reached the upstream, so a stop cancels it even when an executor holds it (its check then
+finds it cancelled). One that passed its check is left to settle as committed or failed.
 
 Terminal states: committed, failed,
 cancelled, rejected. Every transition is conditional on the current state inside one write
@@ -55,8 +57,10 @@ IntentState = Literal[
 ]
 STATES: Final[tuple[str, ...]] = get_args(IntentState)
 TERMINAL: Final = frozenset({"committed", "failed", "cancelled", "rejected"})
-#: What a stop cancels: intents no executor has claimed yet.
+#: What a stop cancels: intents no executor has claimed yet, and claimed ones never checked
+#: (``checked_revision`` null: their call was not made).
 CANCELLABLE: Final = ("pending", "awaiting_approval")
+UNCHECKED: Final = ("claimed", "unknown")
 
 #: The columns of one intent row, in this order, in every backend.
 COLUMNS: Final = (
@@ -204,7 +208,8 @@ class IntentStore(Protocol):
         ...
 
     async def cancel_for_stop(self, scope: Scope, stop_id: str, now: float) -> builtins.list[Intent]:
-        """Every pending or awaiting intent matching ``scope`` -> ``cancelled``, in one transaction."""
+        """Every intent matching ``scope`` whose call was not made -> ``cancelled``, in one
+        transaction: pending, awaiting approval, and claimed or unknown but never checked."""
         ...
 
     async def approve(self, intent_id: str, by: str, now: float) -> Intent:
@@ -494,8 +499,10 @@ def cancel_query(scope: Scope, stop_id: str, now: float) -> tuple[str, list[obje
     if not stop_id:
         raise ValueError("a cancellation needs the stop's id")
     states = ", ".join(f"'{s}'" for s in CANCELLABLE)
+    unchecked = ", ".join(f"'{s}'" for s in UNCHECKED)
     text = (
-        f"UPDATE {{intents}} SET state = 'cancelled', stop_id = ?, updated_at = ? WHERE state IN ({states})"
+        "UPDATE {intents} SET state = 'cancelled', stop_id = ?, updated_at = ? "
+        f"WHERE (state IN ({states}) OR (state IN ({unchecked}) AND checked_revision IS NULL))"
     )
     if scope.kind == "global":
         return f"{text} RETURNING {_COLS}", [stop_id, now]

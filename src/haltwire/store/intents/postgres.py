@@ -165,8 +165,9 @@ class PostgresIntentStore:
         return await self._move(intent_id, "cancel", claimant(executor), stop_id=stop_id, updated_at=now)
 
     async def cancel_for_stop(self, scope: Scope, stop_id: str, now: float) -> builtins.list[Intent]:
-        # One statement: atomic, and a row an executor is claiming meanwhile is re-checked
-        # after its lock is released (then ``claimed``, so left alone).
+        # One statement: atomic. A row an executor is claiming or checking meanwhile is
+        # re-read after its lock is released: claimed and unchecked, it is cancelled; checked,
+        # it is left to settle (the check's row lock orders the two).
         text, params = cancel_query(scope, stop_id, now)
         return oldest_first(await self._rows(_bind(text, self._schema), params))
 
