@@ -38,16 +38,13 @@ completed, 2 when a server failed or an intent did not settle, 130 when interrup
 from __future__ import annotations
 
 import argparse
-import asyncio
 import random
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -57,7 +54,7 @@ import httpx2
 import tomli_w
 
 from haltwire.demo.shop import ORDERS
-from procs import HOST, free_port, load_average, pct, processes, spawn, wait_ready
+from procs import HOST, free_port, load_average, pct, processes, run_benchmark, spawn, wait_ready
 
 TOKENS: Final = {"operator": "tok-operator", "gateway": "tok-gateway", "executor": "tok-executor"}
 EXECUTOR: Final = "executor-1"
@@ -572,31 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     opts.latency_n = 50 if opts.quick else 200
     opts.throughput_n = 200 if opts.quick else 1000
     opts.rounds = 8 if opts.quick else 20
-
-    def terminated(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt  # cleans up the servers as a Ctrl-C does
-
-    signal.signal(signal.SIGTERM, terminated)
-    try:
-        return asyncio.run(run(opts))
-    except BaseException as exc:  # a task group wraps what its tasks raised
-        leaves = list(_leaves(exc))
-        if any(isinstance(e, KeyboardInterrupt) for e in leaves):
-            print("interrupted; the servers were stopped", file=sys.stderr)
-            return 130
-        if leaves and all(isinstance(e, RuntimeError) for e in leaves):
-            for e in leaves:
-                print(f"benchmark failed: {e}", file=sys.stderr)
-            return 2
-        raise
-
-
-def _leaves(exc: BaseException) -> Iterator[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        for e in exc.exceptions:
-            yield from _leaves(e)
-    else:
-        yield exc
+    return run_benchmark(lambda: run(opts))
 
 
 if __name__ == "__main__":

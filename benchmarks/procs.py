@@ -6,12 +6,16 @@ and waits for them with ``wait_ready``; nothing here measures anything by itself
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import signal
 import socket
 import subprocess
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx2
@@ -98,3 +102,33 @@ def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+def run_benchmark(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
+    """Run a benchmark's ``main()``: SIGTERM and Ctrl-C stop the servers and answer 130; a
+    ``RuntimeError`` (a server failed, a phase did not finish) is one line and 2."""
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # cleans up the servers as a Ctrl-C does
+
+    signal.signal(signal.SIGTERM, terminated)
+    try:
+        return asyncio.run(main())
+    except BaseException as exc:  # a task group wraps what its tasks raised
+        leaves = list(_leaves(exc))
+        if any(isinstance(e, KeyboardInterrupt) for e in leaves):
+            print("interrupted; the servers were stopped", file=sys.stderr)
+            return 130
+        if leaves and all(isinstance(e, RuntimeError) for e in leaves):
+            for e in leaves:
+                print(f"benchmark failed: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for e in exc.exceptions:
+            yield from _leaves(e)
+    else:
+        yield exc

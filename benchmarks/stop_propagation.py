@@ -36,12 +36,10 @@ are stopped in every case.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
 import random
-import signal
 import sys
 import tempfile
 import time
@@ -54,7 +52,7 @@ from typing import Any, Final
 import anyio
 import httpx2
 
-from procs import HOST, free_port, load_average, pct, processes, spawn, wait_ready
+from procs import HOST, free_port, load_average, pct, processes, run_benchmark, spawn, wait_ready
 
 AGENT: Final = "ops-bot"
 AGENT_TOKEN: Final = "tok-ops"  # the demo identity's development token
@@ -420,31 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     opts.stops = opts.stops or (30 if opts.quick else 200)
     opts.warmup = 3 if opts.quick else 5
-
-    def terminated(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt  # cleans up the servers as a Ctrl-C does
-
-    signal.signal(signal.SIGTERM, terminated)
-    try:
-        return asyncio.run(run(opts))
-    except BaseException as exc:  # a task group wraps what its tasks raised
-        leaves = list(_leaves(exc))
-        if any(isinstance(e, KeyboardInterrupt) for e in leaves):
-            print("interrupted; the servers were stopped", file=sys.stderr)
-            return 130
-        if leaves and all(isinstance(e, RuntimeError) for e in leaves):
-            for e in leaves:
-                print(f"benchmark failed: {e}", file=sys.stderr)
-            return 2
-        raise
-
-
-def _leaves(exc: BaseException) -> Iterator[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        for e in exc.exceptions:
-            yield from _leaves(e)
-    else:
-        yield exc
+    return run_benchmark(lambda: run(opts))
 
 
 if __name__ == "__main__":
