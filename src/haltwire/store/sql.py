@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -199,3 +199,49 @@ class PostgresConnection:
 def table_queries(table: sql.Identifier, lock_name: str, texts: dict[str, str]) -> dict[str, sql.Composed]:
     """Each query text with ``{t}`` bound to ``table`` and ``{name}`` to the advisory lock's name."""
     return {name: sql.SQL(text).format(t=table, name=sql.Literal(lock_name)) for name, text in texts.items()}
+
+
+#: A transaction-scoped advisory lock; ``{name}`` is bound to a literal.
+ADVISORY_LOCK = "SELECT pg_advisory_xact_lock(hashtext({name}))"
+
+
+def advisory_lock(name: str) -> sql.Composed:
+    return sql.SQL(ADVISORY_LOCK).format(name=sql.Literal(name))
+
+
+class SharedQueries:
+    """Query texts a PostgreSQL store shares with its SQLite twin (``?`` placeholders,
+    ``{name}`` placeholders for tables and clauses), bound for psycopg in one schema."""
+
+    def __init__(self, schema: str, names: Mapping[str, sql.Composable]) -> None:
+        self.schema = schema
+        self._names = names
+
+    def bind(self, text: str) -> sql.Composed:
+        return sql.SQL(text.replace("?", "%s")).format(**self._names)
+
+    def bind_all(self, texts: Mapping[str, str]) -> dict[str, sql.Composed]:
+        return {name: self.bind(text) for name, text in texts.items()}
+
+    async def connect(
+        self,
+        url: str,
+        connect_timeout: float,
+        application_name: str,
+        *,
+        ddl: Sequence[str],
+        what: str,
+        store: str,
+    ) -> PostgresConnection:
+        """Connect and create the schema and ``ddl``, under a lock named for the store and the
+        schema: replicas starting together must not race ``CREATE INDEX``."""
+        return await PostgresConnection.open(
+            url,
+            self.schema,
+            connect_timeout,
+            application_name,
+            lock_key=advisory_lock(f"haltwire.{store}:{self.schema}"),
+            ddl=[self.bind(statement) for statement in ddl],
+            what=what,
+            store=store,
+        )

@@ -33,28 +33,18 @@ from haltwire.store.intents import (
     over_limit,
     recorded,
 )
-from haltwire.store.sql import PgConn, PostgresConnection
+from haltwire.store.sql import PgConn, PostgresConnection, SharedQueries, advisory_lock
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
-_LOCK = "SELECT pg_advisory_xact_lock(hashtext({name}))"
-
-
-def _bind(text: str, schema: str) -> sql.Composed:
-    """A shared query text with its table in ``schema`` and psycopg's placeholders."""
-    return sql.SQL(text.replace("?", "%s")).format(
-        intents=sql.Identifier(schema, "intents"),
-        lock=sql.SQL("FOR UPDATE"),
-        skip=sql.SQL("FOR UPDATE SKIP LOCKED"),
-    )
 
 
 class PostgresIntentStore:
     """Open with ``await PostgresIntentStore.open(url, schema=...)``; the table is created if missing."""
 
-    def __init__(self, db: PostgresConnection, schema: str, queries: dict[str, sql.Composed]) -> None:
+    def __init__(self, db: PostgresConnection, shared: SharedQueries) -> None:
         self._db = db
-        self._schema = schema
-        self._q = queries
+        self._shared = shared
+        self._q = shared.bind_all(QUERIES)
 
     @classmethod
     async def open(
@@ -65,20 +55,16 @@ class PostgresIntentStore:
         connect_timeout: float = 5.0,
         application_name: str = "haltwire-intents",
     ) -> PostgresIntentStore:
-        queries = {name: _bind(text, schema) for name, text in QUERIES.items()}
-        # The DDL runs under a lock: replicas starting together must not race CREATE INDEX.
-        lock = sql.SQL(_LOCK).format(name=sql.Literal(f"haltwire.intents:{schema}"))
-        db = await PostgresConnection.open(
-            url,
-            schema,
-            connect_timeout,
-            application_name,
-            lock_key=lock,
-            ddl=[_bind(statement, schema) for statement in DDL],
-            what="intent store",
-            store="intents",
+        names = {
+            "intents": sql.Identifier(schema, "intents"),
+            "lock": sql.SQL("FOR UPDATE"),
+            "skip": sql.SQL("FOR UPDATE SKIP LOCKED"),
+        }
+        shared = SharedQueries(schema, names)
+        db = await shared.connect(
+            url, connect_timeout, application_name, ddl=DDL, what="intent store", store="intents"
         )
-        return cls(db, schema, queries)
+        return cls(db, shared)
 
     async def _rows(
         self, query: sql.Composed, params: tuple[object, ...] | list[object]
@@ -107,7 +93,7 @@ class PostgresIntentStore:
         self, run_id: str | None = None, states: Collection[str] | None = None, limit: int = 100
     ) -> builtins.list[Intent]:
         text, params = list_query(run_id, states, limit)
-        return await self._rows(_bind(text, self._schema), params)
+        return await self._rows(self._shared.bind(text), params)
 
     async def claim_next(self, executor: str, now: float) -> Intent | None:
         rows = await self._rows(self._q["claim_next"], (claimant(executor), now, now))
@@ -147,8 +133,8 @@ class PostgresIntentStore:
                 return current
             if limit is not None and current.run_id is not None:
                 # One checker per (run, tool) at a time, so two cannot both pass the count.
-                key = f"haltwire.intent-limit:{self._schema}:{current.run_id}:{current.tool}"
-                await conn.execute(sql.SQL(_LOCK).format(name=sql.Literal(key)))
+                key = f"haltwire.intent-limit:{self._shared.schema}:{current.run_id}:{current.tool}"
+                await conn.execute(advisory_lock(key))
                 counted = await conn.execute(
                     self._q["checked_in_run"], (current.run_id, current.tool, intent_id)
                 )
@@ -169,7 +155,7 @@ class PostgresIntentStore:
         # re-read after its lock is released: claimed and unchecked, it is cancelled; checked,
         # it is left to settle (the check's row lock orders the two).
         text, params = cancel_query(scope, stop_id, now)
-        return oldest_first(await self._rows(_bind(text, self._schema), params))
+        return oldest_first(await self._rows(self._shared.bind(text), params))
 
     async def approve(self, intent_id: str, by: str, now: float) -> Intent:
         return await self._move(intent_id, "approve", decided_by=decider(by), updated_at=now)

@@ -24,25 +24,19 @@ from haltwire.store.runs import (
     from_row,
     registered,
 )
-from haltwire.store.sql import PostgresConnection
+from haltwire.store.sql import PostgresConnection, SharedQueries, advisory_lock
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
-_LOCK = "SELECT pg_advisory_xact_lock(hashtext({name}))"
-
-
-def _bind(text: str, schema: str) -> sql.Composed:
-    """A shared query text with its tables in ``schema`` and psycopg's placeholders."""
-    return sql.SQL(text.replace("?", "%s")).format(
-        runs=sql.Identifier(schema, "runs"), checkpoints=sql.Identifier(schema, "checkpoints")
-    )
 
 
 class PostgresRunStore:
     """Open with ``await PostgresRunStore.open(url, schema=...)``; the tables are created if missing."""
 
-    def __init__(self, db: PostgresConnection, queries: dict[str, sql.Composed]) -> None:
+    def __init__(self, db: PostgresConnection, shared: SharedQueries) -> None:
         self._db = db
-        self._q = queries
+        self._q = shared.bind_all(QUERIES)
+        self._q["get_any"] = shared.bind(QUERIES["get_many"] + " (SELECT unnest(?::text[]))")
+        self._q["lock"] = advisory_lock(f"haltwire.checkpoints:{shared.schema}")
 
     @classmethod
     async def open(
@@ -53,20 +47,15 @@ class PostgresRunStore:
         connect_timeout: float = 5.0,
         application_name: str = "haltwire-runs",
     ) -> PostgresRunStore:
-        queries = {name: _bind(text, schema) for name, text in QUERIES.items()}
-        queries["get_any"] = _bind(QUERIES["get_many"] + " (SELECT unnest(?::text[]))", schema)
-        queries["lock"] = sql.SQL(_LOCK).format(name=sql.Literal(f"haltwire.checkpoints:{schema}"))
-        db = await PostgresConnection.open(
-            url,
-            schema,
-            connect_timeout,
-            application_name,
-            lock_key=queries["lock"],
-            ddl=[_bind(statement, schema) for statement in DDL],
-            what="run store",
-            store="runs",
+        tables = {
+            "runs": sql.Identifier(schema, "runs"),
+            "checkpoints": sql.Identifier(schema, "checkpoints"),
+        }
+        shared = SharedQueries(schema, tables)
+        db = await shared.connect(
+            url, connect_timeout, application_name, ddl=DDL, what="run store", store="runs"
         )
-        return cls(db, queries)
+        return cls(db, shared)
 
     async def _one(self, name: str, params: tuple[object, ...]) -> tuple[Any, ...] | None:
         return next(iter(await self._db.fetchall(self._q[name], params)), None)
