@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
+import tomli_w
 
 from haltwire.config import GatewayConfig, parse_config
 from haltwire.control import create_app, parse_control_config
@@ -455,3 +456,34 @@ async def test_an_intent_awaiting_approval_is_performed_only_once_approved(tmp_p
                 done = await settled(cp, 2)
         assert (done["ok"]["state"], done["no"]["state"]) == ("committed", "rejected")
         assert [r["idempotency_key"] for r in s.ledger()["refunds"]] == ["ok"]
+
+
+async def test_a_control_plane_that_refuses_the_executor_for_good_is_exit_2_and_one_sentence(
+    tmp_path: Path,
+) -> None:
+    """An unknown token, the wrong role, or no [leases]: the executor says so and stops, it
+    does not retry forever."""
+    no_leases = control_config({"backend": "sqlite", "path": str(tmp_path / "c.db")}, leases=False)
+    async with (
+        serving(create_app(parse_control_config(no_leases)), graceful_s=1) as cp,
+        shop(tmp_path) as (_, up),
+    ):
+        cases = {
+            "tok-nobody": "401 unauthenticated",
+            TOKEN["gateway"]: "403 forbidden",
+            TOKEN["executor"]: "501 leases_not_configured",
+        }
+        for token, expected in cases.items():
+            config = gateway_config(up, cp)
+            config["executor"]["token"] = token
+            path = tmp_path / "gateway.toml"
+            path.write_text(tomli_w.dumps(config))
+            with anyio.fail_after(60):
+                done = await anyio.run_process(
+                    [sys.executable, "-m", "haltwire", "executor", "--config", str(path)], check=False
+                )
+            err = done.stderr.decode()
+            assert done.returncode == 2, err
+            last = err.strip().splitlines()[-1]
+            assert last.startswith("haltwire executor: the control plane refused the executor"), err
+            assert expected in last and "Traceback" not in err, err

@@ -16,6 +16,7 @@ import anyio
 
 from haltwire import __version__
 from haltwire.config import ConfigError, load_config
+from haltwire.errors import unwrapped
 from haltwire.identity import token_sha256
 
 EXIT_RUNTIME = 1
@@ -68,7 +69,7 @@ def _gateway(args: argparse.Namespace) -> int:
 
 
 def _executor(args: argparse.Namespace) -> int:
-    from haltwire.executor import UpstreamError, run_executor
+    from haltwire.executor import ExecutorMisconfigured, UpstreamError, run_executor
 
     try:
         config = load_config(args.config)
@@ -81,26 +82,27 @@ def _executor(args: argparse.Namespace) -> int:
         print(f"haltwire executor: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
-    async def run() -> int:
-        async with anyio.create_task_group() as tg:
-            try:
+    async def run() -> None:
+        # The executor's own failures come out of its task group as themselves.
+        with unwrapped():
+            async with anyio.create_task_group() as tg:
                 await tg.start(run_executor, config)
-            except UpstreamError as exc:
-                print(f"haltwire executor: {exc}", file=sys.stderr)
-                return EXIT_USAGE
-            names = ", ".join(u.name for u in config.upstreams)
-            print(
-                f"haltwire executor {__version__}: committing intents through {names} "
-                f"(control plane {control_url})",
-                file=sys.stderr,
-                flush=True,
-            )
-        return 0
+                names = ", ".join(u.name for u in config.upstreams)
+                print(
+                    f"haltwire executor {__version__}: committing intents through {names} "
+                    f"(control plane {control_url})",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     try:
-        return anyio.run(run)
+        anyio.run(run)
     except KeyboardInterrupt:
         return 0
+    except (UpstreamError, ExecutorMisconfigured) as exc:
+        print(f"haltwire executor: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return 0
 
 
 def _control(args: argparse.Namespace) -> int:

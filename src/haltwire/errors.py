@@ -20,11 +20,15 @@ def unwrapped() -> Iterator[None]:
     """Re-raise a task group's lone exception as itself, not as an ``ExceptionGroup``.
 
     anyio wraps even one failure of a task group (or of the code inside its block) in a
-    group; callers of a library expect ``except StopRequested`` to work.
+    group, and nested task groups nest the groups; callers of a library expect
+    ``except StopRequested`` to work.
     """
     try:
         yield
     except BaseExceptionGroup as group:
-        if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
-            raise group.exceptions[0] from None
+        lone: BaseException = group
+        while isinstance(lone, BaseExceptionGroup) and len(lone.exceptions) == 1:
+            lone = lone.exceptions[0]  # groups nest when task groups do
+        if isinstance(lone, Exception) and not isinstance(lone, BaseExceptionGroup):
+            raise lone from None
         raise

@@ -15,10 +15,10 @@ import anyio.abc
 from haltwire.config import GatewayConfig
 from haltwire.errors import unwrapped
 from haltwire.executor.client import IntentClient
-from haltwire.executor.loop import Executor
+from haltwire.executor.loop import Executor, ExecutorMisconfigured
 from haltwire.gateway.upstreams import UpstreamError, Upstreams
 
-__all__ = ["Executor", "IntentClient", "UpstreamError", "run_executor"]
+__all__ = ["Executor", "ExecutorMisconfigured", "IntentClient", "UpstreamError", "run_executor"]
 
 
 async def run_executor(
@@ -27,7 +27,8 @@ async def run_executor(
     """Run the executor of ``config`` (which needs ``[control]`` and ``[executor]``) until cancelled.
 
     ``UpstreamError`` when an upstream does not start; ``ConfigError`` for an unset token
-    variable. ``task_status`` reports the executor once its upstreams are connected and its
+    variable; ``ExecutorMisconfigured`` when the control plane refuses it for good (an unknown
+    token, a role other than executor, no ``[leases]``, an unknown agent class). ``task_status`` reports the executor once its upstreams are connected and its
     crash recovery has been asked of the control plane.
     """
     if config.control is None or config.executor is None:

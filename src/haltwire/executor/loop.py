@@ -58,6 +58,14 @@ RETRY_MAX_S: Final = 10.0
 SETTLED_KEPT: Final = 10_000
 
 
+class ExecutorMisconfigured(Exception):
+    """The control plane refuses the executor for good: its token, its role, or no ``[leases]``."""
+
+
+#: Refusals no retry can mend: the executor stops and says why.
+FATAL: Final = frozenset({"unauthenticated", "forbidden", "leases_not_configured", "invalid_request"})
+
+
 class Executor:
     """Claims, checks, performs and records intents; ``await run()`` until cancelled."""
 
@@ -84,7 +92,10 @@ class Executor:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Recover what a crash left, then settle intents for as long as the lease holds; when it
         ends (a stop on the executor), wait and take a new one. Started once recovery is asked."""
-        self._held = await self._retrying(self._unresolved)
+        try:
+            self._held = await self._retrying(self._unresolved)
+        except ControlRefused as exc:
+            raise ExecutorMisconfigured(f"the control plane refused the executor: {exc}") from None
         task_status.started()
         while True:
             try:
@@ -98,7 +109,11 @@ class Executor:
                 log.warning("executor: no lease: %s", exc.notice.message)
             except ControlUnreachable as exc:
                 log.warning("executor: control plane unreachable: %s", exc)
-            except ControlRefused as exc:  # an unknown agent class, say: a configuration to mend
+            except ControlRefused as exc:
+                if exc.code in FATAL:  # an unknown agent class, no [leases]: a configuration to mend
+                    raise ExecutorMisconfigured(
+                        f"the control plane refused the executor a lease: {exc}"
+                    ) from None
                 log.error("executor: the control plane refused a lease: %s", exc)
             await anyio.sleep(self.settings.retry_s)
 

@@ -1,8 +1,9 @@
 """The control plane's API as an agent runtime uses it: runs, lease renewals, checkpoints, the watch.
 
-A thin typed client over ``httpx2``. Every answer the control plane refuses (a 4xx with an
-``error`` body) raises ``ControlRefused`` carrying that body; anything else that goes wrong
-on the way (connection refused, timeout, a 5xx) raises ``ControlUnreachable``. The lease
+A thin typed client over ``httpx2``. Every answer the control plane refuses (a 4xx, or 501
+for a feature it is not configured with, with an ``error`` body) raises ``ControlRefused``
+carrying that body; anything else that goes wrong on the way (connection refused, timeout,
+another 5xx) raises ``ControlUnreachable``. The lease
 treats the two differently: a refusal ends the run, an unreachable control plane only fails
 to extend it.
 """
@@ -78,7 +79,8 @@ class ControlClient:
             r = await self._http.request(method, path, json=body, params=params)
         except httpx2.HTTPError as exc:
             raise ControlUnreachable(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
-        if r.status_code >= 500:
+        # 501 is an answer (this control plane does not offer it), not an outage.
+        if r.status_code >= 500 and r.status_code != 501:
             raise ControlUnreachable(f"{method} {path}: HTTP {r.status_code}")
         if r.status_code == 204:
             return None
