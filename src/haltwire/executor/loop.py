@@ -144,14 +144,14 @@ class Executor:
                     continue
                 intent = claimed
             if not await self.settle(intent, lease):
-                self._held.append(intent)  # not checked: kept for the next lease
+                self._held.append(intent)  # not performed: kept for the next lease
                 return
 
     # -- one intent ----------------------------------------------------------------------------
 
     async def settle(self, intent: dict[str, Any], lease: Lease) -> bool:
-        """Check, perform and record one claimed (or unknown) intent. False when the lease had
-        ended before the check: the intent stays with this executor, unperformed."""
+        """Check, perform and record one claimed (or unknown) intent. False when the lease ended
+        before the call: the intent stays with this executor, unperformed (a passed check stands)."""
         intent_id = intent["intent_id"]
         try:
             lease.require()
