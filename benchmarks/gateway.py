@@ -247,8 +247,8 @@ async def _admit_loop(ceilings: Any, identity: Any, n: int) -> tuple[list[float]
 
 
 def _ceilings(store: Any, *, slot_ttl_s: float = 300.0) -> tuple[Any, Any]:
-    from haltwire.ceilings import Ceilings
-    from haltwire.config import parse_config
+    from haltwire.gateway.ceilings import Ceilings
+    from haltwire.gateway.config import parse_config
     from haltwire.identity import Identity
 
     config = parse_config(

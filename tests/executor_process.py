@@ -33,8 +33,8 @@ def run(config: dict[str, Any]) -> None:
     would fill the test's output with the restarts' expected "unknown outcome" lines)."""
     import anyio
 
-    from haltwire.config import parse_config
     from haltwire.executor import run_executor
+    from haltwire.gateway.config import parse_config
 
     logging.basicConfig(level=logging.CRITICAL)
     anyio.run(run_executor, parse_config(config))

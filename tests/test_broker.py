@@ -338,7 +338,7 @@ async def test_the_downstream_service_fails_closed_when_the_control_plane_is_gon
 
 
 def test_a_gateway_broker_section_needs_control() -> None:
-    from haltwire.config import parse_config
+    from haltwire.gateway.config import parse_config
     from harness import config_dict as gateway_dict
 
     data = {**gateway_dict("http://127.0.0.1:9/mcp"), "broker": {"jwks_url": "http://127.0.0.1:9/jwks"}}

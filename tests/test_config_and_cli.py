@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from haltwire.config import ConfigError, load_config, parse_config
+from haltwire.config import ConfigError
+from haltwire.gateway.config import load_config, parse_config
 from haltwire.identity import token_sha256
 
 GOOD = """
@@ -146,7 +147,7 @@ def test_the_example_config_is_valid() -> None:
 
 
 def test_suspend_and_unsuspend_edit_the_kill_switch(tmp_path: Path) -> None:
-    from haltwire.killswitch import SuspensionFile
+    from haltwire.gateway.killswitch import SuspensionFile
 
     path = tmp_path / "suspended.json"
     switch = SuspensionFile(path)

@@ -18,8 +18,8 @@ import anyio
 import pytest
 import redis
 
-from haltwire.ceilings import Ceilings, Ticket
-from haltwire.config import parse_config
+from haltwire.gateway.ceilings import Ceilings, Ticket
+from haltwire.gateway.config import parse_config
 from haltwire.identity import Identity
 from haltwire.refusal import Refusal
 from haltwire.store.counters import BudgetCounter, CounterStore, CountersUnavailable, Decision, SlotCounter

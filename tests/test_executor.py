@@ -19,10 +19,10 @@ import httpx2
 import pytest
 import tomli_w
 
-from haltwire.config import GatewayConfig, parse_config
 from haltwire.control import create_app, parse_control_config
 from haltwire.demo.shop import KEY_META, ORDERS, Shop
 from haltwire.executor import Executor, run_executor
+from haltwire.gateway.config import GatewayConfig, parse_config
 from haltwire.gateway.intents import INTENT_TOOL
 from haltwire.serve import serving
 from harness import TOKENS, config_dict, connect, running_gateway

@@ -14,7 +14,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult
 
-from haltwire.killswitch import write_suspensions
+from haltwire.gateway.killswitch import write_suspensions
 from haltwire.refusal import iso_utc
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
 

@@ -13,12 +13,13 @@ import pytest
 from mcp import Client
 from mcp.types import CallToolResult
 
-from haltwire.config import ConfigError, parse_config
+from haltwire.config import ConfigError
 from haltwire.gateway import UpstreamError
-from haltwire.gateway.idempotency import KEY_META, derived_key
+from haltwire.gateway.config import parse_config
+from haltwire.gateway.idempotency import derived_key
 from haltwire.gateway.intents import INTENT_TOOL
-from haltwire.gateway.labels import LABEL_META
-from haltwire.tokens import LEASE_META, LeaseClaims, LeaseKeys
+from haltwire.meta import KEY_META, LABEL_META, LEASE_META
+from haltwire.tokens import LeaseClaims, LeaseKeys
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
 from test_control import auth
 from test_gateway_stops import control_plane, gateway_config, issue, until

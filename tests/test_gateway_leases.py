@@ -23,12 +23,14 @@ from hypothesis import strategies as st
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from haltwire.ceilings import RUN_WINDOW_S
-from haltwire.config import ConfigError, parse_config
+from haltwire.config import ConfigError
+from haltwire.gateway.ceilings import RUN_WINDOW_S
+from haltwire.gateway.config import parse_config
 from haltwire.gateway.leases import LeaseCheck
 from haltwire.identity import Identity
+from haltwire.meta import LEASE_META, RUN_META
 from haltwire.refusal import Refusal
-from haltwire.tokens import LEASE_META, RUN_META, LeaseClaims, LeaseKeys
+from haltwire.tokens import LeaseClaims, LeaseKeys
 from harness import TOKENS, config_dict, running_gateway, running_upstream
 from redis_process import shared_prefix
 from test_gateway_stops import clear, control_plane, gateway_config, issue, until

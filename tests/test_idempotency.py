@@ -19,8 +19,10 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult
 
-from haltwire.config import ConfigError, parse_config
-from haltwire.gateway.idempotency import KEY_META, REPLAYED_META, derived_key
+from haltwire.config import ConfigError
+from haltwire.gateway.config import parse_config
+from haltwire.gateway.idempotency import derived_key
+from haltwire.meta import KEY_META, LEASE_META, REPLAYED_META
 from haltwire.store.counters.memory import MemoryCounters
 from haltwire.store.idempotency import (
     CONFLICT,
@@ -32,7 +34,7 @@ from haltwire.store.idempotency import (
 )
 from haltwire.store.idempotency.memory import MemoryIdempotency
 from haltwire.store.idempotency.sqlite import SqliteIdempotency
-from haltwire.tokens import LEASE_META, LeaseClaims, LeaseKeys
+from haltwire.tokens import LeaseClaims, LeaseKeys
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
 from redis_process import private_redis, unique_prefix
 

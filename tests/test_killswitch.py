@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from haltwire.killswitch import SuspensionFile, write_suspensions
+from haltwire.gateway.killswitch import SuspensionFile, write_suspensions
 
 
 def test_missing_file_suspends_nobody(tmp_path: Path) -> None:

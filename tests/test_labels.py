@@ -24,10 +24,12 @@ from mcp.server.lowlevel import Server
 from mcp.server.transport_security import TransportSecuritySettings
 
 from haltwire import refusal
-from haltwire.config import ConfigError, parse_config
+from haltwire.config import ConfigError
 from haltwire.gateway import UpstreamError
-from haltwire.gateway.labels import LABEL_META, from_annotations, label_of
+from haltwire.gateway.config import parse_config
+from haltwire.meta import LABEL_META
 from haltwire.serve import serving
+from haltwire.upstreams.labels import from_annotations, label_of
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
 
 pytestmark = pytest.mark.anyio

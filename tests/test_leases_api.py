@@ -19,7 +19,7 @@ import pytest
 from haltwire.control import create_app, parse_control_config
 from haltwire.control.stores import Stores, open_stores
 from haltwire.serve import serving
-from haltwire.stopset import StopSet
+from haltwire.stops import StopSet
 from haltwire.store.runs import RunRecord
 from haltwire.tokens import Grant, LeaseKeys
 from harness import postgres_section
@@ -436,12 +436,11 @@ async def test_every_run_endpoint_against_every_role_and_no_token(tmp_path: Path
 async def test_the_desk_pages_through_changes_and_judges_stop_expiry_by_its_clock(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from haltwire import stopset
-    from haltwire.control import leases
+    from haltwire.control import leases, mirror
     from haltwire.control.config import AgentClass
     from haltwire.store.registry.sqlite import SqliteRegistry
 
-    monkeypatch.setattr(stopset, "_PAGE", 2)  # five changes: three pages
+    monkeypatch.setattr(mirror, "_PAGE", 2)  # five changes: three pages
     now = 1_800_000_000.0
     clock = [now]
     desk = leases.LeaseDesk(

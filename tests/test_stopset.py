@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from haltwire.scope import Scope
-from haltwire.stopset import StopSet
-from haltwire.store.registry import StopRecord
+from haltwire.stops import StopRecord, StopSet
 
 
 def stop(stop_id: str, scope: str, revision: int, expires_at: float | None = None) -> StopRecord:

@@ -1,4 +1,4 @@
-"""The lean path for ``tools/call`` to modern HTTP upstreams (``haltwire.gateway.upstream_http``).
+"""The lean path for ``tools/call`` to modern HTTP upstreams (``haltwire.upstreams.http``).
 
 Everything runs against real servers on loopback: the demo upstream (the SDK's low-level
 ``Server``) behind a recorder of the HTTP requests it receives, the gateway in front of it,
@@ -23,11 +23,11 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND
 
 from haltwire.demo.upstream import DemoUpstream
-from haltwire.gateway import upstream_http
 from haltwire.gateway.app import GatewayApp
-from haltwire.gateway.upstream_http import ModernHttpCaller, UpstreamUnavailable
-from haltwire.gateway.upstreams import Upstream
 from haltwire.serve import bind, serving
+from haltwire.upstreams import Upstream
+from haltwire.upstreams import http as upstream_http
+from haltwire.upstreams.http import ModernHttpCaller, UpstreamUnavailable
 from harness import TOKENS, config_dict, connect, running_gateway
 
 pytestmark = pytest.mark.anyio

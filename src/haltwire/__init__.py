@@ -7,10 +7,11 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from haltwire.ceilings import Ceilings, Ticket, ToolCeilings
-from haltwire.config import ConfigError, GatewayConfig, load_config, parse_config
+from haltwire.config import ConfigError
+from haltwire.gateway.ceilings import Ceilings, Ticket, ToolCeilings
+from haltwire.gateway.config import GatewayConfig, load_config, parse_config
+from haltwire.gateway.killswitch import SuspensionFile, write_suspensions
 from haltwire.identity import Identity, TokenTable, token_sha256
-from haltwire.killswitch import SuspensionFile, write_suspensions
 from haltwire.refusal import TERMINAL_CODES, TRANSIENT_CODES, Refusal
 from haltwire.scope import GLOBAL, Scope, ScopeError, ScopeIndex, call_scopes
 

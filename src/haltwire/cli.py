@@ -15,8 +15,9 @@ from contextlib import AsyncExitStack
 import anyio
 
 from haltwire import __version__
-from haltwire.config import ConfigError, load_config
+from haltwire.config import ConfigError
 from haltwire.errors import unwrapped
+from haltwire.gateway.config import load_config
 from haltwire.identity import token_sha256
 
 EXIT_RUNTIME = 1
@@ -156,7 +157,7 @@ def _hash_token(args: argparse.Namespace) -> int:
 
 
 def _suspend(args: argparse.Namespace) -> int:
-    from haltwire.killswitch import read_suspensions, write_suspensions
+    from haltwire.gateway.killswitch import read_suspensions, write_suspensions
 
     try:
         current = set(read_suspensions(args.file))

@@ -1,8 +1,9 @@
-"""The gateway's TOML configuration, validated up front.
+"""What every haltwire config file shares: validation with errors that name file, key and problem.
 
-A bad config is a start-up error that names the file, the key and the problem
-(``ConfigError``; the CLI exits 2), never a crash on the first call. The schema is the
-pydantic models below; ``docs/configuration.md`` describes every key.
+A bad config is a start-up error phrased ``FILE: KEY: PROBLEM`` (``ConfigError``; the CLI
+exits 2), never a crash on the first call. The gateway's schema is ``haltwire.gateway.config``,
+the control plane's ``haltwire.control.config``; the tables both use (bearer tokens for the
+control plane, lease keys, upstreams, which the executor connects to as well) are here.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, ClassVar, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from haltwire.identity import Identity, RefuseAt, TokenTable, token_sha256
+from haltwire.identity import token_sha256
 from haltwire.tokens import LeaseKeys
 
 
@@ -29,33 +30,8 @@ class ConfigModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-#: How far a call to a tool can be taken back (``haltwire.gateway.labels``).
+#: How far a call to a tool can be taken back (``haltwire.upstreams.labels``).
 Label = Literal["cancellable", "bounded", "irreversible"]
-
-
-class ToolLimits(ConfigModel):
-    """Per-tool overrides. A tool budget counts calls to this tool per identity."""
-
-    budget: int | None = Field(default=None, ge=0)
-    max_in_flight: int | None = Field(default=None, ge=1)
-    deadline_s: float | None = Field(default=None, gt=0)
-
-
-class LimitsOverride(ConfigModel):
-    budget: int | None = Field(default=None, ge=0)
-    window_s: float | None = Field(default=None, gt=0)
-    max_in_flight: int | None = Field(default=None, ge=1)
-    deadline_s: float | None = Field(default=None, gt=0)
-    #: Tool calls one run may make in all (counted for calls that present a lease).
-    run_steps: int | None = Field(default=None, ge=0)
-    tools: dict[str, ToolLimits] = Field(default_factory=dict)
-
-
-class Limits(LimitsOverride):
-    """Defaults for every identity. ``budget`` and ``max_in_flight`` absent: unlimited."""
-
-    window_s: float = Field(default=3600.0, gt=0)
-    deadline_s: float = Field(default=30.0, gt=0)
 
 
 class TokenFields(ConfigModel):
@@ -82,26 +58,6 @@ class TokenFields(ConfigModel):
         return self.token_sha256 or token_sha256(self.token or "")
 
 
-class IdentityConfig(TokenFields):
-    agent: str = Field(min_length=1)
-    tenant: str = "default"
-    version: str = "0"
-    suspended_at_edge: bool = False
-    refuse_at: RefuseAt = "tool"
-    #: ``required``: every call must present a valid lease (needs ``[leases]``).
-    lease: Literal["optional", "required"] = "optional"
-    limits: LimitsOverride = Field(default_factory=LimitsOverride)
-
-    def identity(self) -> Identity:
-        return Identity(
-            agent=self.agent,
-            tenant=self.tenant,
-            version=self.version,
-            suspended_at_edge=self.suspended_at_edge,
-            refuse_at=self.refuse_at,
-        )
-
-
 class UpstreamConfig(ConfigModel):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     url: str | None = None
@@ -125,60 +81,6 @@ class UpstreamConfig(ConfigModel):
         if self.command is not None and not self.command:
             raise ValueError("command must not be empty")
         return self
-
-
-class GatewaySection(ConfigModel):
-    host: str = "127.0.0.1"
-    port: int = Field(default=8800, ge=0, le=65535)
-    #: Accept plain ``token`` entries. Never in production.
-    development: bool = False
-    max_body_bytes: int = Field(default=1_048_576, ge=1024)
-    #: The kill switch: a JSON file ``{"suspended": ["agent-id", ...]}``.
-    suspended_file: Path | None = None
-    #: ``please-try-again`` exists only to show the seed's failure mode in ``haltwire demo loop``.
-    refusal_style: Literal["terminal", "please-try-again"] = "terminal"
-
-
-class LabelsSection(ConfigModel):
-    """``[labels]``: the hard per-call deadline of each tool label, at the gateway."""
-
-    cancellable_deadline_s: float = Field(default=30.0, gt=0)
-    bounded_deadline_s: float = Field(default=30.0, gt=0)
-    irreversible_deadline_s: float = Field(default=60.0, gt=0)
-
-    def deadline_s(self, label: Label) -> float:
-        if label == "cancellable":
-            return self.cancellable_deadline_s
-        if label == "bounded":
-            return self.bounded_deadline_s
-        return self.irreversible_deadline_s
-
-
-class CountersSection(ConfigModel):
-    backend: Literal["memory", "redis"] = "memory"
-    url: str = "redis://127.0.0.1:6379/0"
-    prefix: str = "haltwire"
-    #: A slot held in Redis expires after this long, so a crashed gateway cannot hold it forever.
-    #: It must outlast the longest deadline; the gateway checks that at start-up.
-    slot_ttl_s: float = Field(default=300.0, gt=0)
-    #: Socket timeout for one admission round trip.
-    timeout_s: float = Field(default=0.5, gt=0)
-
-
-#: Idempotency keys are kept at least this long outside development (issue: 24 hours).
-MIN_IDEMPOTENCY_TTL_S = 86400.0
-
-
-class IdempotencySection(ConfigModel):
-    """``[idempotency]``: how long a bounded tool's idempotency key and outcome are kept.
-
-    The records live where the counters do (``[counters] backend``).
-    """
-
-    ttl_s: float = Field(default=MIN_IDEMPOTENCY_TTL_S, gt=0)
-    #: With in-memory counters: keep the records in this SQLite file instead of in memory, so
-    #: they outlive a gateway restart (relative to the config file).
-    path: Path | None = None
 
 
 class BearerToken(ConfigModel):
@@ -220,23 +122,6 @@ class ControlLink(BearerToken):
     staleness_s: float = Field(default=15.0, gt=0)
     #: Start-up: how long to wait for the control plane and the replay of its stops.
     connect_timeout_s: float = Field(default=15.0, gt=0)
-
-
-class ExecutorSection(BearerToken):
-    """``[executor]``: ``haltwire executor --config`` this file commits the intents this gateway
-    records, through the same upstreams, with an executor-role token of its own for the control
-    plane at ``[control] url``. One executor process per executor identity: a restart marks
-    everything that identity had claimed ``unknown``."""
-
-    _section: ClassVar[str] = "executor"
-    #: The agent class of the executor's own lease (its timing, at the control plane).
-    agent_class: str = Field(default="default", min_length=1)
-    #: Intents settled at once (each one claimed, checked, performed and recorded in turn).
-    workers: int = Field(default=1, ge=1, le=64)
-    #: With nothing pending, how long to wait before asking again.
-    poll_s: float = Field(default=0.2, gt=0)
-    #: The first wait after a failed request to the control plane or the upstream (doubling to 10 s).
-    retry_s: float = Field(default=0.5, gt=0)
 
 
 class LeaseKeyConfig(ConfigModel):
@@ -292,131 +177,6 @@ class LeaseKeysSection(ConfigModel):
             raise ConfigError(f"leases.keys: {exc}") from None
 
 
-class BrokerLink(ConfigModel):
-    """``[broker]``: accept the control plane's run credentials as bearer tokens.
-
-    A bearer token that is not in the token table and has the JWT shape is verified with the
-    broker's JWKS: the identity is the configured one with the credential's agent (tenant and
-    version must match too), and the credential's run becomes the call's run.
-    """
-
-    jwks_url: str = Field(min_length=1)
-    #: The audience the broker issued the credential for (the ``aud`` claim).
-    audience: str = Field(default="haltwire-gateway", min_length=1)
-    #: An unknown key id refetches the JWKS at most this often.
-    refresh_s: float = Field(default=30.0, gt=0)
-
-
-class IntentsSection(ConfigModel):
-    """``[intents]``: calls to irreversible tools become intents for the executor (two-step).
-
-    ``enabled`` unset: on when the gateway has ``[control]`` (intents live there), off without
-    it (irreversible calls are then forwarded under their label's deadline). On, an irreversible
-    call is performed only once an executor (``haltwire executor``) commits it.
-    """
-
-    enabled: bool | None = None
-
-
-class GatewayConfig(ConfigModel):
-    gateway: GatewaySection = Field(default_factory=GatewaySection)
-    counters: CountersSection = Field(default_factory=CountersSection)
-    idempotency: IdempotencySection = Field(default_factory=IdempotencySection)
-    control: ControlLink | None = None
-    #: The keys lease tokens are verified with; absent: tokens are ignored, none can be required.
-    leases: LeaseKeysSection | None = None
-    #: Run credentials accepted as bearer tokens; absent: only the token table's tokens are.
-    broker: BrokerLink | None = None
-    limits: Limits = Field(default_factory=Limits)
-    labels: LabelsSection = Field(default_factory=LabelsSection)
-    intents: IntentsSection = Field(default_factory=IntentsSection)
-    executor: ExecutorSection | None = None
-    identities: list[IdentityConfig] = Field(default_factory=list)
-    upstreams: list[UpstreamConfig] = Field(min_length=1)
-
-    @property
-    def intents_on(self) -> bool:
-        """Whether irreversible calls become intents (``[intents] enabled``, by default with ``[control]``)."""
-        return self.control is not None if self.intents.enabled is None else self.intents.enabled
-
-    @model_validator(mode="after")
-    def _consistent(self) -> GatewayConfig:
-        agents = [i.agent for i in self.identities]
-        dupes = sorted({a for a in agents if agents.count(a) > 1})
-        if dupes:
-            raise ValueError(f"identities: agent ids must be unique, repeated: {', '.join(dupes)}")
-        names = [u.name for u in self.upstreams]
-        if len(set(names)) != len(names):
-            raise ValueError("upstreams: names must be unique")
-        if not self.gateway.development and any(i.token is not None for i in self.identities):
-            raise ValueError(
-                "identities: plain 'token' is accepted only with gateway.development = true; use token_sha256"
-            )
-        if self.control is not None and self.control.token is not None and not self.gateway.development:
-            raise ValueError(
-                "control: plain 'token' is accepted only with gateway.development = true; use token_env"
-            )
-        if self.leases is not None:
-            if self.leases.signing_key is not None:
-                # HMAC verifies with the signing secret anyway; the key is refused so that a
-                # gateway config never reads as if the gateway issued leases.
-                raise ValueError("leases.signing_key: a gateway only verifies lease tokens; remove it")
-            if self.leases.plain_secrets() and not self.gateway.development:
-                raise ValueError(
-                    "leases.keys: plain 'secret' is accepted only with gateway.development = true; use secret_env"
-                )
-        if self.idempotency.ttl_s < MIN_IDEMPOTENCY_TTL_S and not self.gateway.development:
-            raise ValueError(
-                f"idempotency.ttl_s ({self.idempotency.ttl_s:g}) must be at least "
-                f"{MIN_IDEMPOTENCY_TTL_S:g} (24 hours) outside development"
-            )
-        if self.executor is not None:
-            if self.control is None:
-                raise ValueError("executor: the executor works with a control plane; add [control]")
-            if self.executor.token is not None and not self.gateway.development:
-                raise ValueError(
-                    "executor: plain 'token' is accepted only with gateway.development = true; use token_env"
-                )
-        if self.broker is not None and self.control is None:
-            # A credential is revoked by stops: a gateway that does not follow them cannot tell.
-            raise ValueError("broker: accepting run credentials needs [control] (its stops revoke them)")
-        required = [i.agent for i in self.identities if i.lease == "required"]
-        if required and self.leases is None:
-            raise ValueError(
-                f"identities: {', '.join(required)} require a lease, but there is no [leases] section "
-                "to verify one with"
-            )
-        longest = max(self._deadlines(), default=self.limits.deadline_s)
-        if self.counters.backend == "redis" and self.counters.slot_ttl_s <= longest:
-            raise ValueError(
-                f"counters.slot_ttl_s ({self.counters.slot_ttl_s:g}) must exceed the longest deadline "
-                f"({longest:g} s), or a slow call's slot would expire while it runs"
-            )
-        if self.intents.enabled is True and self.control is None:
-            raise ValueError("intents.enabled needs [control]: intents are recorded in the control plane")
-        return self
-
-    def _deadlines(self) -> list[float]:
-        # A call's deadline is the smaller of its limits' and its label's; both lists are
-        # included, which errs on the long side (a slot outliving its call is harmless).
-        lb = self.labels
-        out = [
-            self.limits.deadline_s,
-            lb.cancellable_deadline_s,
-            lb.bounded_deadline_s,
-            lb.irreversible_deadline_s,
-        ]
-        overrides = [self.limits, *(i.limits for i in self.identities)]
-        for o in overrides:
-            if o.deadline_s is not None:
-                out.append(o.deadline_s)
-            out.extend(t.deadline_s for t in o.tools.values() if t.deadline_s is not None)
-        return out
-
-    def token_table(self) -> TokenTable:
-        return TokenTable({i.digest: i.identity() for i in self.identities})
-
-
 def error_key(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:
@@ -449,21 +209,3 @@ def read_toml(path: Path) -> dict[str, Any]:
         return tomllib.loads(raw.decode())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-
-
-def parse_config(data: dict[str, Any], source: str = "<config>") -> GatewayConfig:
-    return validate_config(GatewayConfig, data, source)
-
-
-def load_config(path: str | Path) -> GatewayConfig:
-    p = Path(path)
-    config = parse_config(read_toml(p), str(p))
-    if config.gateway.suspended_file is not None and not config.gateway.suspended_file.is_absolute():
-        # A relative kill-switch path is relative to the config file, not the working directory.
-        gw = config.gateway.model_copy(update={"suspended_file": p.parent / config.gateway.suspended_file})
-        config = config.model_copy(update={"gateway": gw})
-    records = config.idempotency.path
-    if records is not None and not records.is_absolute():
-        idempotency = config.idempotency.model_copy(update={"path": p.parent / records})
-        config = config.model_copy(update={"idempotency": idempotency})
-    return config

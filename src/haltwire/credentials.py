@@ -31,7 +31,7 @@ import jwt
 
 from haltwire.config import ControlLink
 from haltwire.scope import Scope, run_scopes
-from haltwire.stopset import StopSet
+from haltwire.stops import StopSet
 from haltwire.watch import StopWatch
 
 ISSUER: Final = "haltwire"

@@ -21,13 +21,6 @@ from typing import Any, Final
 
 import jwt
 
-#: Where a ``tools/call`` carries its lease token and the run it believes it is in
-#: (``params._meta``), and the header for clients that can only set headers (lower case,
-#: as ASGI gives it).
-LEASE_META: Final = "io.haltwire/lease"
-RUN_META: Final = "io.haltwire/run"
-LEASE_HEADER: Final = "haltwire-lease"
-
 AUDIENCE: Final = "haltwire-lease"
 ALGORITHM: Final = "HS256"
 #: HMAC keys shorter than this are refused (RFC 7518 asks for at least the hash size).

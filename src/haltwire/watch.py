@@ -1,7 +1,7 @@
 """The stops the control plane has issued, kept current from its ``/v1/watch`` stream.
 
 Used by every enforcement point that follows the control plane (the gateway, a credential
-verifier in a downstream service); ``sse_events`` reads the stream for them and for the
+verifier in a downstream service); ``haltwire.sse`` reads the stream for them and for the
 runtime SDK. ``StopWatch.run`` owns one streaming connection for its owner's lifetime. It replays
 the registry's history at start-up (the gateway reports started only once it holds the
 current stops), then applies each ``stop``/``clear`` event as it arrives, resuming with
@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import fields
 from typing import Any, Final
 
 import anyio
@@ -30,8 +30,8 @@ from haltwire.errors import describe
 from haltwire.identity import Identity
 from haltwire.refusal import Refusal
 from haltwire.scope import call_scopes
-from haltwire.stopset import StopSet
-from haltwire.store.registry import ChangeKind, StopRecord
+from haltwire.sse import sse_events
+from haltwire.stops import ChangeKind, StopRecord, StopSet
 
 log = logging.getLogger("haltwire.stops")
 
@@ -40,30 +40,6 @@ RECONNECT_MIN_S = 0.2
 #: The comment the control plane sends once a watch has replayed every missed change.
 CAUGHT_UP: Final = "caught-up"
 RECONNECT_MAX_S = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class SseEvent:
-    """One server-sent event (``kind``, ``data``, ``id``), or a comment line (``comment``)."""
-
-    kind: str = "message"
-    data: str = ""
-    id: str | None = None
-    comment: str | None = None
-
-
-async def sse_events(lines: AsyncIterator[str]) -> AsyncIterator[SseEvent]:
-    """The events and comments of a ``text/event-stream``, from its lines."""
-    event: dict[str, str] = {}
-    async for line in lines:
-        if line.startswith(":"):
-            yield SseEvent(comment=line[1:].strip())
-        elif line:
-            key, _, value = line.partition(":")
-            event[key] = value.removeprefix(" ")
-        elif event:
-            yield SseEvent(event.get("event", "message"), event.get("data", ""), event.get("id"))
-            event = {}
 
 
 class ControlUnreachable(Exception):

@@ -30,6 +30,7 @@ from haltwire.control.config import Caller, ControlConfig
 from haltwire.control.intents import cancel_for_stop
 from haltwire.control.intents import routes as intent_routes
 from haltwire.control.leases import LeaseDesk
+from haltwire.control.mirror import StopMirror
 from haltwire.control.openapi import openapi_json
 from haltwire.control.reports import routes as report_routes
 from haltwire.control.runs import routes as run_routes
@@ -38,9 +39,9 @@ from haltwire.control.wire import Body, Refused, parse_body
 from haltwire.identity import bearer_token, token_sha256
 from haltwire.refusal import unauthenticated
 from haltwire.scope import ScopeError
-from haltwire.stopset import StopMirror
+from haltwire.stops import Change, StopRecord
 from haltwire.store.audit import Outcome, verify
-from haltwire.store.registry import AlreadyCleared, Change, RegistryUnavailable, StopRecord, UnknownStop
+from haltwire.store.registry import AlreadyCleared, RegistryUnavailable, UnknownStop
 
 #: Which roles may call which endpoint (the role-matrix test checks this table).
 ROLES: Final[Mapping[str, frozenset[str]]] = {

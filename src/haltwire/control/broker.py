@@ -39,10 +39,10 @@ from haltwire.control import app as http
 from haltwire.control import runs
 from haltwire.control.config import BrokerSection, ControlConfig
 from haltwire.control.leases import AuditOnce, LeaseRefused, refused
+from haltwire.control.mirror import StopMirror
 from haltwire.control.wire import Body, Refused, parse_body
 from haltwire.credentials import ALGORITHM, ISSUER, JWKS_PATH
 from haltwire.refusal import stopped
-from haltwire.stopset import StopMirror
 from haltwire.store.credentials import CredentialRecord
 from haltwire.store.runs import RunRecord
 

@@ -35,6 +35,7 @@ from haltwire.control.runs import MAX_BATCH, RUN_ID
 from haltwire.control.wire import Body, Refused, parse_body, query_limit
 from haltwire.refusal import stopped
 from haltwire.scope import Scope
+from haltwire.stops import StopRecord
 from haltwire.store.intents import (
     STATES,
     IdempotencyConflict,
@@ -45,7 +46,7 @@ from haltwire.store.intents import (
     new_intent,
     oldest_first,
 )
-from haltwire.store.registry import RegistryUnavailable, StopRecord
+from haltwire.store.registry import RegistryUnavailable
 
 log = logging.getLogger("haltwire.intents")
 

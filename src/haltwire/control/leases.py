@@ -18,8 +18,9 @@ from typing import Any, Final
 
 from haltwire.config import LeaseKeysSection
 from haltwire.control.config import AgentClass, ControlConfig
+from haltwire.control.mirror import StopMirror
 from haltwire.refusal import stopped
-from haltwire.stopset import StopMirror, StopSet
+from haltwire.stops import StopSet
 from haltwire.store.registry import Registry
 from haltwire.store.runs import RunRecord
 from haltwire.tokens import Grant, LeaseClaims, LeaseKeys

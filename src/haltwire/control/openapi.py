@@ -23,10 +23,10 @@ from starlette.responses import JSONResponse, Response
 import haltwire
 from haltwire.control.config import Role
 from haltwire.scope import KINDS
+from haltwire.stops import Change, ChangeKind, StopRecord
 from haltwire.store.audit import AuditRecord, VerifyResult
 from haltwire.store.credentials import CredentialRecord
 from haltwire.store.intents import STATES, Intent
-from haltwire.store.registry import Change, ChangeKind, StopRecord
 from haltwire.store.runs import Checkpoint, RunRecord
 from haltwire.tokens import Grant
 

@@ -27,9 +27,9 @@ from haltwire.control.config import Caller
 from haltwire.control.intents import intent_json
 from haltwire.control.runs import run_for, run_json
 from haltwire.control.stores import Stores
+from haltwire.stops import StopRecord
 from haltwire.store.audit import AuditRecord, Outcome
 from haltwire.store.intents import Intent, IntentState
-from haltwire.store.registry import StopRecord
 from haltwire.store.runs import RunRecord
 
 #: Report section -> the intent states it lists. ``claimed`` is in flight: like ``unknown``,

@@ -50,9 +50,9 @@ from haltwire.demo.stack import (
     running_upstream,
 )
 from haltwire.demo.upstream import DemoUpstream
-from haltwire.killswitch import write_suspensions
+from haltwire.gateway.killswitch import write_suspensions
+from haltwire.meta import LEASE_META
 from haltwire.runtime import ControlClient, Lease
-from haltwire.tokens import LEASE_META
 
 QUOTA_TEXT: Final = "Upstream refused: 429 quota exceeded for this API key. Try again later."
 TRY_AGAIN_TEXT: Final = "Rate limited. Please try again."

@@ -15,13 +15,13 @@ import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from haltwire.ceilings import Clock
-from haltwire.config import parse_config
 from haltwire.control import create_app as create_control_app
 from haltwire.control import parse_control_config
 from haltwire.demo.upstream import DemoUpstream
 from haltwire.gateway import create_app
 from haltwire.gateway.app import GatewayApp
+from haltwire.gateway.ceilings import Clock
+from haltwire.gateway.config import parse_config
 from haltwire.serve import serving
 from haltwire.store.counters import CounterStore
 

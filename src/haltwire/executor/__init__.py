@@ -12,11 +12,11 @@ from contextlib import AsyncExitStack
 import anyio
 import anyio.abc
 
-from haltwire.config import GatewayConfig
 from haltwire.errors import unwrapped
 from haltwire.executor.client import IntentClient
 from haltwire.executor.loop import Executor, ExecutorMisconfigured
-from haltwire.gateway.upstreams import UpstreamError, Upstreams
+from haltwire.gateway.config import GatewayConfig
+from haltwire.upstreams import UpstreamError, Upstreams
 
 __all__ = ["Executor", "ExecutorMisconfigured", "IntentClient", "UpstreamError", "run_executor"]
 

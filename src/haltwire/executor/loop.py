@@ -40,13 +40,13 @@ import anyio
 import anyio.abc
 from mcp.shared.exceptions import MCPError
 
-from haltwire.config import ExecutorSection
 from haltwire.errors import describe
 from haltwire.executor.client import IntentClient
-from haltwire.gateway.idempotency import KEY_META
-from haltwire.gateway.upstreams import Upstreams, UpstreamUnavailable
+from haltwire.gateway.config import ExecutorSection
+from haltwire.meta import KEY_META
 from haltwire.runtime.client import ControlRefused, ControlUnreachable
 from haltwire.runtime.lease import Lease, StopRequested
+from haltwire.upstreams import Upstreams, UpstreamUnavailable
 
 log = logging.getLogger("haltwire.executor")
 

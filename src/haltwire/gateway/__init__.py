@@ -9,17 +9,16 @@ import anyio
 import httpx2
 
 from haltwire import __version__
-from haltwire.ceilings import Ceilings, Clock
-from haltwire.config import GatewayConfig
 from haltwire.credentials import JwksKeys
 from haltwire.gateway.app import GatewayApp
+from haltwire.gateway.ceilings import Ceilings, Clock
+from haltwire.gateway.config import GatewayConfig
 from haltwire.gateway.credentials import CredentialEdge
 from haltwire.gateway.idempotency import Idempotency
 from haltwire.gateway.intents import INTENT_TOOL, IntentDesk
+from haltwire.gateway.killswitch import SuspensionFile
 from haltwire.gateway.leases import LeaseCheck
 from haltwire.gateway.proxy import Gateway
-from haltwire.gateway.upstreams import UpstreamError, Upstreams
-from haltwire.killswitch import SuspensionFile
 from haltwire.store.counters import CounterStore
 from haltwire.store.counters.memory import MemoryCounters
 from haltwire.store.counters.redis import RedisCounters
@@ -27,6 +26,7 @@ from haltwire.store.idempotency import IdempotencyStore
 from haltwire.store.idempotency.memory import MemoryIdempotency
 from haltwire.store.idempotency.redis import RedisIdempotency
 from haltwire.store.idempotency.sqlite import SqliteIdempotency
+from haltwire.upstreams import UpstreamError, Upstreams
 from haltwire.watch import ControlUnreachable, StopWatch
 
 

@@ -47,8 +47,9 @@ from haltwire.gateway.credentials import CREDENTIAL_STATE_KEY, CredentialEdge, j
 from haltwire.gateway.proxy import Gateway
 from haltwire.gateway.server import IDENTITY_STATE_KEY, build_server
 from haltwire.identity import Identity, TokenTable, bearer_token
+from haltwire.meta import LEASE_HEADER
 from haltwire.refusal import Refusal
-from haltwire.tokens import LEASE_HEADER, LeaseClaims
+from haltwire.tokens import LeaseClaims
 
 log = logging.getLogger("haltwire.gateway")
 

@@ -36,15 +36,12 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
 from haltwire import refusal
+from haltwire.meta import KEY_META, REPLAYED_META
 from haltwire.refusal import Refusal
 from haltwire.store.idempotency import Conflict, IdempotencyStore, IdempotencyUnavailable, InFlight, Recorded
 
 log = logging.getLogger("haltwire.gateway")
 
-#: ``_meta`` key of the idempotency key, on the call (from the client) and on the result.
-KEY_META: Final = "io.haltwire/idempotency_key"
-#: ``_meta`` key marking a result answered from the record instead of the upstream.
-REPLAYED_META: Final = "io.haltwire/replayed"
 MAX_KEY_CHARS: Final = 255
 #: How long recording an outcome may take once the call is over (shielded from cancellation).
 COMPLETE_TIMEOUT_S = 2.0

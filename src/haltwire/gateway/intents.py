@@ -33,10 +33,11 @@ import mcp.types as types
 from haltwire import refusal
 from haltwire.config import ControlLink, UpstreamConfig
 from haltwire.errors import describe
-from haltwire.gateway.idempotency import KEY_META, client_key, derived_key
-from haltwire.gateway.labels import LABEL_META, Label
+from haltwire.gateway.idempotency import client_key, derived_key
 from haltwire.identity import Identity
+from haltwire.meta import KEY_META, LABEL_META
 from haltwire.refusal import STOP_AND_TELL, Refusal
+from haltwire.upstreams.labels import Label
 
 log = logging.getLogger("haltwire.gateway")
 

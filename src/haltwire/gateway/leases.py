@@ -20,10 +20,11 @@ from typing import Any, Final
 
 from haltwire import refusal
 from haltwire.identity import Identity
+from haltwire.meta import LEASE_META, RUN_META
 from haltwire.refusal import Refusal
 from haltwire.scope import Scope, run_scopes
-from haltwire.stopset import StopSet
-from haltwire.tokens import LEASE_META, RUN_META, LeaseClaims, LeaseKeys, LeaseTokenError
+from haltwire.stops import StopSet
+from haltwire.tokens import LeaseClaims, LeaseKeys, LeaseTokenError
 
 _MAX_SCOPE_CACHE: Final = 65_536
 

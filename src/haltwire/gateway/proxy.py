@@ -25,16 +25,17 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
 from haltwire import refusal
-from haltwire.ceilings import Ceilings
+from haltwire.gateway.ceilings import Ceilings
 from haltwire.gateway.idempotency import Idempotency
 from haltwire.gateway.intents import INTENT_TOOL, IntentDesk
+from haltwire.gateway.killswitch import SuspensionFile
 from haltwire.gateway.leases import LeaseCheck, RunFence, without_lease
-from haltwire.gateway.upstreams import Progress, Route, Upstreams, UpstreamUnavailable
 from haltwire.identity import Identity
-from haltwire.killswitch import SuspensionFile
+from haltwire.meta import LEASE_META
 from haltwire.refusal import Refusal
 from haltwire.store.counters import CountersUnavailable
-from haltwire.tokens import LEASE_META, LeaseClaims
+from haltwire.tokens import LeaseClaims
+from haltwire.upstreams import Progress, Route, Upstreams, UpstreamUnavailable
 from haltwire.watch import StopWatch
 
 log = logging.getLogger("haltwire.gateway")

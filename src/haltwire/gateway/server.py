@@ -16,8 +16,8 @@ from mcp.server.lowlevel import Server
 from haltwire.gateway.credentials import CREDENTIAL_STATE_KEY
 from haltwire.gateway.proxy import Gateway
 from haltwire.identity import Identity
+from haltwire.meta import LEASE_HEADER
 from haltwire.refusal import Refusal
-from haltwire.tokens import LEASE_HEADER
 
 IDENTITY_STATE_KEY = "haltwire.identity"
 

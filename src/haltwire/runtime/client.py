@@ -17,8 +17,8 @@ from typing import Any, Self
 
 import httpx2
 
+from haltwire.sse import sse_events
 from haltwire.tokens import Grant
-from haltwire.watch import sse_events
 
 
 class ControlUnreachable(Exception):

@@ -12,8 +12,8 @@ from typing import Any, cast
 from mcp import Client
 from mcp.types import CallToolResult, RequestParamsMeta
 
+from haltwire.meta import LEASE_META, RUN_META
 from haltwire.runtime.guard import Guard
-from haltwire.tokens import LEASE_META, RUN_META
 
 
 class LeasedTools:

@@ -1,1 +1,1 @@
-"""Where state lives. ``counters`` holds admission counts; policy lives in ``haltwire.ceilings``."""
+"""Where state lives. ``counters`` holds admission counts; policy lives in ``haltwire.gateway.ceilings``."""

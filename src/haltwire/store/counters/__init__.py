@@ -1,6 +1,6 @@
 """Counter stores: where budgets and in-flight slots are counted.
 
-The admission policy (``haltwire.ceilings``) decides *what* to count and the limits;
+The admission policy (``haltwire.gateway.ceilings``) decides *what* to count and the limits;
 a store only counts, atomically: one ``admit`` checks every counter it is given and
 either takes all of them or none. A new backend is one module implementing
 ``CounterStore``; the policy never changes when the store does.

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Literal, Protocol
+from dataclasses import replace
+from typing import Any, Protocol
 
 from haltwire.scope import Scope
-
-ChangeKind = Literal["stop", "clear"]
+from haltwire.stops import Change, ChangeKind, StopRecord
 
 #: The columns of one change row, in this order, in every backend.
 COLUMNS = ("revision", "kind", "stop_id", "scope", "reason", "actor", "at", "expires_at")
@@ -34,37 +33,6 @@ class UnknownStop(LookupError):
 
 class AlreadyCleared(Exception):
     """The stop was cleared before; a clear is recorded once."""
-
-
-@dataclass(frozen=True, slots=True)
-class StopRecord:
-    stop_id: str
-    scope: str
-    reason: str
-    issued_by: str
-    issued_at: float
-    expires_at: float | None
-    revision: int
-    cleared_by: str | None = None
-    cleared_at: float | None = None
-    clear_reason: str | None = None
-    cleared_revision: int | None = None
-
-    @property
-    def cleared(self) -> bool:
-        return self.cleared_revision is not None
-
-    def active_at(self, now: float) -> bool:
-        return not self.cleared and (self.expires_at is None or now < self.expires_at)
-
-
-@dataclass(frozen=True, slots=True)
-class Change:
-    """One entry of the history; ``stop`` is the stop as of this change."""
-
-    revision: int
-    kind: ChangeKind
-    stop: StopRecord
 
 
 class Registry(Protocol):

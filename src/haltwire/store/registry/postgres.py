@@ -14,11 +14,10 @@ from typing import Any
 
 from psycopg import sql
 
+from haltwire.stops import Change, StopRecord
 from haltwire.store.registry import (
     COLUMNS,
-    Change,
     RegistryUnavailable,
-    StopRecord,
     change,
     checked_clear,
     checked_issue,

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import anyio
 
+from haltwire.stops import Change, StopRecord
 from haltwire.store.registry import (
     COLUMNS,
-    Change,
-    StopRecord,
     change,
     checked_clear,
     checked_issue,

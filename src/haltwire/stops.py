@@ -1,20 +1,52 @@
-"""The stops one process knows of, kept current from the registry's changes.
+"""Stop records, and the stops one process knows of, kept current from the registry's changes.
 
-Both enforcement points that must answer "is this stopped?" without a round trip use it:
-the gateway (from its watch stream) and the control plane's lease grants (from its own
-registry). ``match`` is a set lookup per call. ``fence`` is the fencing bound for lease
-tokens: the revision of the newest stop ever issued on any of the scopes, cleared or not,
-so a lease granted before a stop stays refused after the stop is cleared.
+A stop record has a scope, a reason, who issued it and when, an optional expiry, and the
+registry revision it was written at; a later ``clear`` change says who cleared it and why.
+``StopSet`` holds the stops one process follows (the gateway from its watch stream, the
+control plane from its own registry): ``match`` is a set lookup per call. ``fence`` is the
+fencing bound for grants: the revision of the newest stop ever issued on any of the scopes,
+cleared or not, so a lease granted before a stop stays refused after the stop is cleared.
 """
 
 from __future__ import annotations
 
-import anyio
+from dataclasses import dataclass
+from typing import Literal
 
 from haltwire.scope import Scope, ScopeIndex
-from haltwire.store.registry import ChangeKind, Registry, StopRecord
 
-_PAGE = 1000
+ChangeKind = Literal["stop", "clear"]
+
+
+@dataclass(frozen=True, slots=True)
+class StopRecord:
+    stop_id: str
+    scope: str
+    reason: str
+    issued_by: str
+    issued_at: float
+    expires_at: float | None
+    revision: int
+    cleared_by: str | None = None
+    cleared_at: float | None = None
+    clear_reason: str | None = None
+    cleared_revision: int | None = None
+
+    @property
+    def cleared(self) -> bool:
+        return self.cleared_revision is not None
+
+    def active_at(self, now: float) -> bool:
+        return not self.cleared and (self.expires_at is None or now < self.expires_at)
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One entry of the history; ``stop`` is the stop as of this change."""
+
+    revision: int
+    kind: ChangeKind
+    stop: StopRecord
 
 
 class StopSet:
@@ -62,26 +94,3 @@ class StopSet:
     def __len__(self) -> int:
         """How many scopes have an active (possibly expired, not yet noticed) stop."""
         return len(self._index)
-
-
-class StopMirror:
-    """A ``StopSet`` kept current by reading the registry itself (the control plane's own
-    decisions: lease grants, credentials), not by following the watch."""
-
-    def __init__(self) -> None:
-        self.stops = StopSet()
-        self._lock = anyio.Lock()
-
-    async def catch_up(self, registry: Registry) -> None:
-        """Apply the registry's changes past the mirror's revision, if there are any: one
-        ``MAX(revision)`` query when nothing changed, so it can run before every decision and
-        a stop acknowledged by any replica counts at once on every replica."""
-        if await registry.revision() <= self.stops.revision:
-            return
-        async with self._lock:  # one request applies the changes; the others then find none new
-            while True:
-                changes = await registry.changes_since(self.stops.revision, limit=_PAGE)
-                for change in changes:
-                    self.stops.apply(change.kind, change.stop, change.revision)
-                if len(changes) < _PAGE:
-                    return

@@ -16,16 +16,14 @@ label. Annotations are read with the MCP spec's defaults (``readOnlyHint`` false
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final
 
 from mcp.types import ToolAnnotations
 
 from haltwire.config import Label
+from haltwire.meta import LABEL_META
 
 __all__ = ["LABEL_META", "Label", "from_annotations", "label_of", "unknown_tools"]
 
-#: The key of a tool's label in its ``_meta`` on ``tools/list``.
-LABEL_META: Final = "io.haltwire/label"
 
 
 def from_annotations(annotations: ToolAnnotations | None) -> Label:

@@ -30,8 +30,8 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from haltwire.config import UpstreamConfig
 from haltwire.errors import describe
-from haltwire.gateway.labels import LABEL_META, Label, label_of, unknown_tools
-from haltwire.gateway.upstream_http import (
+from haltwire.meta import LABEL_META
+from haltwire.upstreams.http import (
     CLIENT_INFO,
     HTTP_MAX_CONNECTIONS,
     ModernHttpCaller,
@@ -41,6 +41,7 @@ from haltwire.gateway.upstream_http import (
     forwarded_meta,
     strip_server_info,
 )
+from haltwire.upstreams.labels import Label, label_of, unknown_tools
 
 __all__ = [
     "Progress",

@@ -25,13 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from haltwire import refusal
-from haltwire.config import GatewayConfig, Label, LimitsOverride, ToolLimits
+from haltwire.config import Label
+from haltwire.gateway.config import GatewayConfig, LimitsOverride, ToolLimits
 from haltwire.identity import Identity
 from haltwire.refusal import Refusal
 from haltwire.store.counters import BudgetCounter, CounterStore, CountersUnavailable, SlotCounter
 
 Clock = Callable[[], float]
-#: A tool's label (``haltwire.gateway.labels``), or None for a tool the gateway does not know.
+#: A tool's label (``haltwire.upstreams.labels``), or None for a tool the gateway does not know.
 LabelOf = Callable[[str], Label | None]
 
 #: How long a run's step count is kept after the run's first call. A budget window like any
