@@ -1,9 +1,9 @@
 """Counters in Redis, shared by several gateways.
 
-Each admission decision is one Lua script, so one round trip and atomic across every
-gateway: no two gateways can both take the last call of a budget. Slots are members
-of a sorted set scored by their expiry, so a gateway that crashes while holding slots
-cannot hold them forever: the next admission drops expired members.
+Each admission decision is one Lua script (``admit.lua``), so one round trip and atomic
+across every gateway: no two gateways can both take the last call of a budget. Slots are
+members of a sorted set scored by their expiry, so a gateway that crashes while holding
+slots cannot hold them forever: the next admission drops expired members.
 
 Failure is loud: any error or timeout raises ``CountersUnavailable`` and the gateway
 refuses the call. There is no retry (a retried admission whose first reply was lost
@@ -22,42 +22,11 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from haltwire.store.counters import ADMITTED, BudgetCounter, CountersUnavailable, Decision, SlotCounter
+from haltwire.store.lua import lua_script
 
-# KEYS: budget keys, then slot keys.
-# ARGV: n_budgets, now_ms, slot_ttl_ms, slot_id, then (limit, ttl_ms) per budget, then limit per slot.
-# Every time comes from the caller's clock (``now``) and every expiry is relative to it: an
-# absolute PEXPIREAT would be read on the Redis server's clock, and a gateway clock behind it
-# (or a test clock) would delete a budget's counter as soon as it is counted: no budget at all.
-# Returns {0, 0} when admitted, {1, i} when budget i refused, {2, j} when slot counter j refused.
-_ADMIT = """
-local nb = tonumber(ARGV[1])
-local now = tonumber(ARGV[2])
-local ttl = tonumber(ARGV[3])
-local id = ARGV[4]
-local ns = #KEYS - nb
-for i = 1, nb do
-  local used = tonumber(redis.call('GET', KEYS[i]) or '0')
-  if used >= tonumber(ARGV[3 + 2 * i]) then return {1, i} end
-end
-for j = 1, ns do
-  local k = KEYS[nb + j]
-  redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
-  if redis.call('ZCARD', k) >= tonumber(ARGV[4 + 2 * nb + j]) then return {2, j} end
-end
-for i = 1, nb do
-  if redis.call('INCR', KEYS[i]) == 1 then redis.call('PEXPIRE', KEYS[i], ARGV[4 + 2 * i]) end
-end
-for j = 1, ns do
-  redis.call('ZADD', KEYS[nb + j], now + ttl, id)
-  redis.call('PEXPIRE', KEYS[nb + j], ttl)
-end
-return {0, 0}
-"""
-
-_RELEASE = """
-for i = 1, #KEYS do redis.call('ZREM', KEYS[i], ARGV[1]) end
-return 0
-"""
+# The scripts are .lua files beside this module (their contracts are at their tops).
+_ADMIT = lua_script(__package__, "admit.lua")
+_RELEASE = lua_script(__package__, "release.lua")
 
 
 def _no_maintenance_notifications() -> dict[str, Any]:

@@ -2,8 +2,8 @@
 
 One record is a hash (``f``: fingerprint, ``o``: outcome once recorded) with a TTL set when
 it is created, so a key is honoured by every gateway sharing the Redis server for as long as
-Redis keeps it. ``begin`` is one Lua script: the check and the claim are atomic across
-gateways, so two gateways cannot both get ``Fresh`` for one key.
+Redis keeps it. ``begin`` is one Lua script (``begin.lua``): the check and the claim are
+atomic across gateways, so two gateways cannot both get ``Fresh`` for one key.
 
 Failure is loud, as for the counters: any error or timeout raises ``IdempotencyUnavailable``
 and the call is refused, never made without the check. No retry: a retried ``begin`` whose
@@ -21,31 +21,12 @@ from redis.exceptions import RedisError
 
 from haltwire.store.counters.redis import _no_maintenance_notifications
 from haltwire.store.idempotency import CONFLICT, FRESH, IN_FLIGHT, Begun, IdempotencyUnavailable, Recorded
+from haltwire.store.lua import lua_script
 
-# ARGV: fingerprint, ttl_ms. Returns {0} fresh, {1, outcome} recorded, {2} in flight, {3} conflict.
-# The TTL is relative (PEXPIRE), so the gateway's and Redis's clocks need not agree.
-_BEGIN = """
-local v = redis.call('HMGET', KEYS[1], 'f', 'o')
-if not v[1] then
-  redis.call('HSET', KEYS[1], 'f', ARGV[1])
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {0}
-end
-if v[1] ~= ARGV[1] then return {3} end
-if v[2] then return {1, v[2]} end
-return {2}
-"""
-
-# Only an existing record is completed: HSET on an expired key would create one without a TTL.
-_COMPLETE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'o', ARGV[1]) end
-return 0
-"""
-
-_RELEASE = """
-if redis.call('HEXISTS', KEYS[1], 'o') == 0 then redis.call('DEL', KEYS[1]) end
-return 0
-"""
+# The scripts are .lua files beside this module (their contracts are at their tops).
+_BEGIN = lua_script(__package__, "begin.lua")
+_COMPLETE = lua_script(__package__, "complete.lua")
+_RELEASE = lua_script(__package__, "release.lua")
 
 
 class RedisIdempotency:
