@@ -15,18 +15,18 @@ from typing import Any
 import anyio
 import pytest
 
-from haltwire.scope import Scope
-from haltwire.store.intents import (
+from haltwire.intents import (
     Created,
     IdempotencyConflict,
     Intent,
     IntentStateError,
-    IntentStore,
     LimitReached,
     UnknownIntent,
     new_intent,
     new_intent_id,
 )
+from haltwire.scope import Scope
+from haltwire.store.intents import IntentStore
 from haltwire.store.intents.postgres import PostgresIntentStore
 from haltwire.store.intents.sqlite import SqliteIntentStore
 from haltwire.store.registry import RegistryUnavailable

@@ -438,6 +438,7 @@ async def test_the_desk_pages_through_changes_and_judges_stop_expiry_by_its_cloc
 ) -> None:
     from haltwire.control import leases, mirror
     from haltwire.control.config import AgentClass
+    from haltwire.control.errors import Refused
     from haltwire.store.registry.sqlite import SqliteRegistry
 
     monkeypatch.setattr(mirror, "_PAGE", 2)  # five changes: three pages
@@ -455,7 +456,7 @@ async def test_the_desk_pages_through_changes_and_judges_stop_expiry_by_its_cloc
         await desk.catch_up(registry)
         assert desk.stops.revision == 5
         refusal = desk.grant(run)
-        assert isinstance(refusal, leases.LeaseRefused) and refusal.code == "stopped"
+        assert isinstance(refusal, Refused) and refusal.code == "stopped"
         clock[0] = now + 10  # the stop has expired by the desk's clock
         grant = desk.grant(run)
         assert isinstance(grant, Grant) and grant.generation == 5

@@ -23,9 +23,9 @@ import pytest
 from starlette.routing import Route
 
 from haltwire.control import create_app, parse_control_config
-from haltwire.control.app import routes
-from haltwire.control.openapi import document
-from haltwire.control.runs import MAX_CHECKPOINT_BYTES
+from haltwire.control.routes import routes
+from haltwire.control.routes.openapi import document
+from haltwire.control.routes.runs import MAX_CHECKPOINT_BYTES
 from haltwire.serve import serving
 from test_control import TOKEN, Events, auth, config_dict, issue
 

@@ -1,6 +1,9 @@
 """haltwire: stops AI agents that must stop.
 
-The public API is re-exported here; see ``docs/architecture.md`` for how the parts fit.
+What every part shares is re-exported here: identities, scopes, stop records and refusals.
+Each process has its own package: ``haltwire.gateway`` (the MCP gateway), ``haltwire.control``
+(the control plane), ``haltwire.executor``, and ``haltwire.runtime`` (the SDK inside an agent
+process); ``docs/architecture.md`` shows how they fit and who may import whom.
 """
 
 from __future__ import annotations
@@ -8,33 +11,25 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from haltwire.config import ConfigError
-from haltwire.gateway.ceilings import Ceilings, Ticket, ToolCeilings
-from haltwire.gateway.config import GatewayConfig, load_config, parse_config
-from haltwire.gateway.killswitch import SuspensionFile, write_suspensions
 from haltwire.identity import Identity, TokenTable, token_sha256
 from haltwire.refusal import TERMINAL_CODES, TRANSIENT_CODES, Refusal
 from haltwire.scope import GLOBAL, Scope, ScopeError, ScopeIndex, call_scopes
+from haltwire.stops import StopRecord, StopSet
 
 __all__ = [
     "GLOBAL",
     "TERMINAL_CODES",
     "TRANSIENT_CODES",
-    "Ceilings",
     "ConfigError",
-    "GatewayConfig",
     "Identity",
     "Refusal",
     "Scope",
     "ScopeError",
     "ScopeIndex",
-    "SuspensionFile",
-    "Ticket",
+    "StopRecord",
+    "StopSet",
     "TokenTable",
-    "ToolCeilings",
     "__version__",
     "call_scopes",
-    "load_config",
-    "parse_config",
     "token_sha256",
-    "write_suspensions",
 ]

@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Final
+
+#: The comment the control plane sends once a watch has replayed every missed change: only from
+#: there may a follower count itself current.
+CAUGHT_UP: Final = "caught-up"
 
 
 @dataclass(frozen=True, slots=True)

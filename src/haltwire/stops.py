@@ -1,15 +1,27 @@
-"""Stop records, and the stops one process knows of, kept current from the registry's changes.
+"""Stop records, the stops one process knows of, and the one answer to "is this stopped?".
 
 A stop record has a scope, a reason, who issued it and when, an optional expiry, and the
 registry revision it was written at; a later ``clear`` change says who cleared it and why.
-``StopSet`` holds the stops one process follows (the gateway from its watch stream, the
-control plane from its own registry): ``match`` is a set lookup per call. ``fence`` is the
-fencing bound for grants: the revision of the newest stop ever issued on any of the scopes,
-cleared or not, so a lease granted before a stop stays refused after the stop is cleared.
+``StopSet`` holds the stops one process follows (the gateway and credential verifiers from
+the watch stream, the control plane from its own registry).
+
+``StopSet.verdict`` is the stop rule, written once: every enforcement point (the gateway, the
+lease desk, the broker, the executor's final check, the downstream credential verifier) asks
+it and only maps its answer to its own wire type. For a set of scopes and, for a lease or a
+credential, the registry revision its grant was checked at (its generation), it answers:
+
+1. ``Stopped``: the broadest active stop on one of the scopes (global, tenant, version, agent,
+   tool, run), so the refusal names the stop an operator is most likely to clear last;
+2. ``Fenced``: no active stop, but a stop issued after the grant on a scope that can end a run
+   (never a tool scope: a tool stop refuses calls to the tool, it ends no run), cleared or not,
+   so a grant from before a stop stays refused after the stop is cleared;
+3. None: go ahead. With no active stop and nothing issued since the grant this costs two
+   comparisons, and the scopes are not even built.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -49,6 +61,25 @@ class Change:
     stop: StopRecord
 
 
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """An active stop covers the scopes: the broadest one, and the scope it names."""
+
+    scope: Scope
+    stop: StopRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Fenced:
+    """A stop on the run's scopes was issued (at ``revision``) after the grant (``generation``)."""
+
+    revision: int
+    generation: int
+
+
+Verdict = Stopped | Fenced
+
+
 class StopSet:
     def __init__(self) -> None:
         self._index: ScopeIndex[dict[str, StopRecord]] = ScopeIndex()
@@ -71,6 +102,26 @@ class StopSet:
             if not stops:
                 self._index.remove(scope)
         self.revision = max(self.revision, revision)
+
+    def verdict(
+        self,
+        scopes: frozenset[Scope] | Callable[[], frozenset[Scope]],
+        now: float,
+        generation: int | None = None,
+    ) -> Verdict | None:
+        """Whether work in ``scopes`` (a set, or a function building it) is stopped at ``now``,
+        for a grant checked at ``generation`` when given. See the module's docstring."""
+        if not self._index and (generation is None or generation >= self.revision):
+            return None  # no active stop, and nothing issued since the grant (fences <= revision)
+        wanted = scopes() if callable(scopes) else scopes
+        hit = self.match(wanted, now)
+        if hit is not None:
+            return Stopped(*hit)
+        if generation is not None:
+            fence = self.fence(frozenset(s for s in wanted if s.kind != "tool"))
+            if fence > generation:
+                return Fenced(fence, generation)
+        return None
 
     def match(self, scopes: frozenset[Scope], now: float) -> tuple[Scope, StopRecord] | None:
         """The broadest active stop covering any of ``scopes`` at ``now``, or None."""

@@ -30,15 +30,13 @@ from haltwire.errors import describe
 from haltwire.identity import Identity
 from haltwire.refusal import Refusal
 from haltwire.scope import call_scopes
-from haltwire.sse import sse_events
+from haltwire.sse import CAUGHT_UP, sse_events
 from haltwire.stops import ChangeKind, StopRecord, StopSet
 
 log = logging.getLogger("haltwire.stops")
 
 _FIELDS: Final = frozenset(f.name for f in fields(StopRecord))
 RECONNECT_MIN_S = 0.2
-#: The comment the control plane sends once a watch has replayed every missed change.
-CAUGHT_UP: Final = "caught-up"
 RECONNECT_MAX_S = 5.0
 
 

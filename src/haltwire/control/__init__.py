@@ -1,8 +1,16 @@
-"""The control plane: the out-of-band stop registry, its audit log, its watch stream, runs and leases."""
+"""The control plane: the out-of-band stop registry, its audit log, its watch stream, runs and leases,
+the credential broker, intents and run reports.
 
-from haltwire.control.app import ROLES, create_app
+Two layers: rules that know nothing of HTTP (``access``, ``stops``, ``runs``, ``credentials``,
+``intents``, ``reports``, on the state in ``plane``), and the routes that parse, authorize, call
+one rule and write its answer (``haltwire.control.routes``).
+"""
+
+from haltwire.control.access import ROLES
 from haltwire.control.config import Caller, ControlConfig, load_control_config, parse_control_config
-from haltwire.control.leases import LeaseDesk, LeaseRefused
+from haltwire.control.errors import Refused
+from haltwire.control.leases import LeaseDesk
+from haltwire.control.routes import create_app
 from haltwire.tokens import Grant
 
 __all__ = [
@@ -11,7 +19,7 @@ __all__ = [
     "ControlConfig",
     "Grant",
     "LeaseDesk",
-    "LeaseRefused",
+    "Refused",
     "create_app",
     "load_control_config",
     "parse_control_config",

@@ -11,6 +11,9 @@ the registry revision its issue was checked at; a verifier that follows the watc
 when a stop on one of the run's scopes is active, or when ``StopSet.fence`` of those scopes
 is past ``gen`` (so it stays dead after the stop is cleared). ``haltwire.credentials`` is
 that verifier. The public keys are served as a JWKS at ``/.well-known/jwks.json``.
+
+Policy only (keys, audiences, lifetime, the stop check); ``haltwire.control.credentials``
+is the rule that issues and maps one.
 """
 
 from __future__ import annotations
@@ -20,29 +23,20 @@ import os
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
 from typing import Any
 
 import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from jwt.algorithms import OKPAlgorithm
-from pydantic import Field
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from haltwire.config import ConfigError
-
-# app.py imports this module for its routes: use its names at call time, not import time.
-from haltwire.control import app as http
-from haltwire.control import runs
 from haltwire.control.config import BrokerSection, ControlConfig
-from haltwire.control.leases import AuditOnce, LeaseRefused, refused
+from haltwire.control.errors import Refused, stopped_by
+from haltwire.control.leases import AuditOnce, ended
 from haltwire.control.mirror import StopMirror
-from haltwire.control.wire import Body, Refused, parse_body
-from haltwire.credentials import ALGORITHM, ISSUER, JWKS_PATH
-from haltwire.refusal import stopped
+from haltwire.credentials import ALGORITHM, ISSUER
+from haltwire.stops import Stopped
 from haltwire.store.credentials import CredentialRecord
 from haltwire.store.runs import RunRecord
 
@@ -146,18 +140,16 @@ class Broker:
             return None
         return cls(BrokerKeys.from_config(section), section.audiences, section.ttl_s, mirror)
 
-    def issue(self, run: RunRecord, audience: str) -> tuple[str, CredentialRecord] | LeaseRefused:
+    def issue(self, run: RunRecord, audience: str) -> tuple[str, CredentialRecord] | Refused:
         """A signed credential for ``run`` and its map entry, or why it gets none."""
         stops = self.mirror.stops
         now = self.clock()
         generation = stops.revision  # read before the check: the check covers it
         if run.ended:
-            return refused(409, "run_ended", f"run {run.run_id} has ended; it gets no more credentials")
-        if len(stops):
-            hit = stops.match(run.scopes, now)
-            if hit is not None:
-                scope, stop = hit
-                return LeaseRefused(409, stopped(str(scope), stop.stop_id, stop.reason).error())
+            return ended(run, "credentials")
+        verdict = stops.verdict(lambda: run.scopes, now)
+        if isinstance(verdict, Stopped):  # a new credential has no generation to fence
+            return stopped_by(verdict)
         record = CredentialRecord(
             jti="crd_" + secrets.token_hex(16),
             run_id=run.run_id,
@@ -181,93 +173,5 @@ class Broker:
         }
         return self.keys.sign(claims), record
 
-    def first_refusal(self, run_id: str, refusal: LeaseRefused) -> bool:
+    def first_refusal(self, run_id: str, refusal: Refused) -> bool:
         return self._noted.first(run_id, refusal)
-
-
-class CredentialBody(Body):
-    audience: str = Field(min_length=1, max_length=256)
-
-
-def credential_json(token: str, record: CredentialRecord) -> dict[str, Any]:
-    return {
-        "token": token,
-        "jti": record.jti,
-        "audience": record.audience,
-        "issued_at": record.issued_at,
-        "expires_at": record.expires_at,
-        "kid": record.kid,
-    }
-
-
-def _broker(plane: http.Plane) -> Broker:
-    if plane.broker is None:
-        raise Refused(501, "broker_not_configured", "this control plane has no [broker]")
-    return plane.broker
-
-
-async def issue_credential(request: Request) -> Response:
-    plane = http.plane_of(request)
-    run_id = request.path_params["run_id"]
-    caller = await plane.authorize(request, "credential.issue", run_id, write=True)
-    broker = _broker(plane)
-
-    async def refuse(exc: Refused) -> Refused:
-        await plane.audit(caller, "credential.issue", run_id, "refused", exc.message, code=exc.code)
-        return exc
-
-    try:
-        body: CredentialBody = await parse_body(request, CredentialBody)
-    except Refused as exc:
-        raise await refuse(exc) from None
-    run = await runs.run_for(plane, caller, run_id, "credential.issue", audit=True)
-    if body.audience not in broker.audiences:
-        known = ", ".join(sorted(broker.audiences))
-        raise await refuse(
-            Refused(422, "invalid_request", f"unknown audience {body.audience!r}; known: {known}")
-        )
-    await broker.mirror.catch_up(plane.open.registry)
-    issued = broker.issue(run, body.audience)
-    if isinstance(issued, LeaseRefused):
-        if broker.first_refusal(run_id, issued):
-            detail = {k: v for k, v in issued.error.items() if k in ("code", "stop_id")}
-            message = str(issued.error["message"])
-            await plane.audit(caller, "credential.issue", run_id, "refused", message, **detail)
-        raise runs.as_refused(issued)
-    token, record = issued
-    # Mapped before it is handed out: a credential the map does not list never leaves (fail closed).
-    await plane.open.credentials.record(record)
-    await plane.audit(
-        caller,
-        "credential.issue",
-        run_id,
-        "ok",
-        "issued",
-        jti=record.jti,
-        audience=record.audience,
-        kid=record.kid,
-        expires_at=record.expires_at,
-    )
-    return JSONResponse(credential_json(token, record), status_code=201)
-
-
-async def list_credentials(request: Request) -> Response:
-    plane = http.plane_of(request)
-    run_id = request.path_params["run_id"]
-    caller = await plane.authorize(request, "credentials.read")
-    await runs.run_for(plane, caller, run_id, "credentials.read", audit=False)
-    records = await plane.open.credentials.for_run(run_id)
-    return JSONResponse({"credentials": [asdict(r) for r in records]})
-
-
-async def jwks(request: Request) -> Response:
-    broker = _broker(http.plane_of(request))
-    # Short caching: a verifier meeting an unknown kid refetches anyway.
-    return JSONResponse(broker.keys.jwks(), headers={"Cache-Control": "public, max-age=60"})
-
-
-routes = [
-    Route("/v1/runs/{run_id}/credentials", issue_credential, methods=["POST"]),
-    Route("/v1/runs/{run_id}/credentials", list_credentials, methods=["GET"]),
-    Route(JWKS_PATH, jwks, methods=["GET"]),
-]

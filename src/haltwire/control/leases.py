@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from haltwire.config import LeaseKeysSection
 from haltwire.control.config import AgentClass, ControlConfig
+from haltwire.control.errors import Refused, stopped_by
 from haltwire.control.mirror import StopMirror
-from haltwire.refusal import stopped
-from haltwire.stops import StopSet
+from haltwire.stops import Stopped, StopSet
 from haltwire.store.registry import Registry
 from haltwire.store.runs import RunRecord
 from haltwire.tokens import Grant, LeaseClaims, LeaseKeys
@@ -37,9 +36,9 @@ class AuditOnce:
     def __init__(self) -> None:
         self._noted: set[tuple[str, str]] = set()
 
-    def first(self, run_id: str, refusal: LeaseRefused) -> bool:
+    def first(self, run_id: str, refusal: Refused) -> bool:
         """True the first time ``run_id`` is refused for this reason (a stop id, or the code)."""
-        key = (run_id, str(refusal.error.get("stop_id", refusal.code)))
+        key = (run_id, str(refusal.extra.get("stop_id", refusal.code)))
         if key in self._noted:
             return False
         if len(self._noted) >= _NOTED_MAX:
@@ -48,20 +47,8 @@ class AuditOnce:
         return True
 
 
-@dataclass(frozen=True, slots=True)
-class LeaseRefused:
-    """Why a run gets no lease: an HTTP status and the API's ``error`` object."""
-
-    status: int
-    error: dict[str, Any]
-
-    @property
-    def code(self) -> str:
-        return str(self.error["code"])
-
-
-def refused(status: int, code: str, message: str, **extra: Any) -> LeaseRefused:
-    return LeaseRefused(status, {"code": code, "message": message, "retryable": False, **extra})
+def ended(run: RunRecord, what: str) -> Refused:
+    return Refused(409, "run_ended", f"run {run.run_id} has ended; it gets no more {what}")
 
 
 class LeaseDesk:
@@ -100,19 +87,15 @@ class LeaseDesk:
     async def catch_up(self, registry: Registry) -> None:
         await self.mirror.catch_up(registry)
 
-    def check(self, run: RunRecord, now: float | None = None) -> LeaseRefused | None:
+    def check(self, run: RunRecord, now: float | None = None) -> Refused | None:
         """Why ``run`` may not have a lease now, or None when it may."""
         if run.ended:
-            return refused(409, "run_ended", f"run {run.run_id} has ended; it gets no more leases")
-        if not len(self.stops):  # the common case: no active stop anywhere, no scopes to build
-            return None
-        hit = self.stops.match(run.scopes, self.clock() if now is None else now)
-        if hit is not None:
-            scope, stop = hit
-            return LeaseRefused(409, stopped(str(scope), stop.stop_id, stop.reason).error())
-        return None
+            return ended(run, "leases")
+        verdict = self.stops.verdict(lambda: run.scopes, self.clock() if now is None else now)
+        # A new grant has no generation to fence: only an active stop refuses it.
+        return stopped_by(verdict) if isinstance(verdict, Stopped) else None
 
-    def grant(self, run: RunRecord) -> Grant | LeaseRefused:
+    def grant(self, run: RunRecord) -> Grant | Refused:
         """A signed lease for ``run``, or why it gets none."""
         now = self.clock()
         generation = self.stops.revision  # read before the check: the check covers it
@@ -139,5 +122,5 @@ class LeaseDesk:
             generation=generation,
         )
 
-    def first_refusal(self, run_id: str, refusal: LeaseRefused) -> bool:
+    def first_refusal(self, run_id: str, refusal: Refused) -> bool:
         return self._noted.first(run_id, refusal)

@@ -9,27 +9,21 @@ it (``haltwire.control.operator``).
 A stop covers the run when it names one of the run's scopes (``run:``, ``agent:``,
 ``tenant:``, ``version:``, ``global``); a stop that cancelled one of the run's intents through
 another scope (``tool:``) hit the run too, so it is listed as well. An agent sees only the
-stops it can see anywhere else (``Plane.visible_to``), and the records about those.
+stops it can see anywhere else (``access.visible_to``), and the records about those.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Final
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
-
-# app.py imports this module for its routes: use its names at call time, not import time.
-from haltwire.control import app as http
+from haltwire.control.access import visible_to
 from haltwire.control.config import Caller
-from haltwire.control.intents import intent_json
-from haltwire.control.runs import run_for, run_json
-from haltwire.control.stores import Stores
+from haltwire.control.plane import Plane
+from haltwire.control.runs import run_for
+from haltwire.intents import Intent, IntentState
 from haltwire.stops import StopRecord
 from haltwire.store.audit import AuditRecord, Outcome
-from haltwire.store.intents import Intent, IntentState
 from haltwire.store.runs import RunRecord
 
 #: Report section -> the intent states it lists. ``claimed`` is in flight: like ``unknown``,
@@ -98,14 +92,17 @@ def about_run(record: AuditRecord, run_id: str, intent_ids: set[str], stop_ids: 
     return record.target in stop_ids or (isinstance(stop_id, str) and stop_id in stop_ids)
 
 
-async def build_report(plane: http.Plane, stores: Stores, caller: Caller, run: RunRecord) -> dict[str, Any]:
+async def report(plane: Plane, caller: Caller, run_id: str) -> RunReport:
+    """The report of one run the caller may read."""
+    run = await run_for(plane, caller, run_id, "run.report", audit=False)
+    stores = plane.open
     intents = await stores.intents.list(run_id=run.run_id, limit=MAX_INTENTS)
     scopes = {str(s) for s in run.scopes}
     cancelled_by = {i.stop_id for i in intents if i.stop_id is not None}
     stops = [
         s
         for s in await stores.registry.all_stops()
-        if (s.scope in scopes or s.stop_id in cancelled_by) and await plane.visible_to(caller, s.scope)
+        if (s.scope in scopes or s.stop_id in cancelled_by) and await visible_to(plane, caller, s.scope)
     ]
     stops.sort(key=lambda s: s.revision)
     intent_ids = {i.intent_id for i in intents}
@@ -115,20 +112,6 @@ async def build_report(plane: http.Plane, stores: Stores, caller: Caller, run: R
         for r in await stores.audit.records()
         if about_run(r, run.run_id, intent_ids, stop_ids)
     ]
-    report: dict[str, Any] = {"run": run_json(run)}
-    for section, states in SECTIONS.items():
-        # The store lists oldest first; a section spanning two states keeps that order.
-        report[section] = [intent_json(i) for i in intents if i.state in states]
-    report["stops"] = [http.stop_json(s) for s in stops]
-    report["timeline"] = [asdict(t) for t in timeline]
-    return report
-
-
-async def run_report(request: Request) -> Response:
-    plane = http.plane_of(request)
-    caller = await plane.authorize(request, "run.report")
-    run = await run_for(plane, caller, request.path_params["run_id"], "run.report", audit=False)
-    return JSONResponse(await build_report(plane, plane.open, caller, run))
-
-
-routes = [Route("/v1/runs/{run_id}/report", run_report, methods=["GET"])]
+    # The store lists oldest first; a section spanning two states keeps that order.
+    sections = {section: [i for i in intents if i.state in states] for section, states in SECTIONS.items()}
+    return RunReport(run=run, **sections, stops=stops, timeline=timeline)

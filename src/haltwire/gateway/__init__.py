@@ -12,11 +12,11 @@ from haltwire import __version__
 from haltwire.credentials import JwksKeys
 from haltwire.gateway.app import GatewayApp
 from haltwire.gateway.ceilings import Ceilings, Clock
-from haltwire.gateway.config import GatewayConfig
+from haltwire.gateway.config import GatewayConfig, load_config, parse_config
 from haltwire.gateway.credentials import CredentialEdge
 from haltwire.gateway.idempotency import Idempotency
 from haltwire.gateway.intents import INTENT_TOOL, IntentDesk
-from haltwire.gateway.killswitch import SuspensionFile
+from haltwire.gateway.killswitch import SuspensionFile, write_suspensions
 from haltwire.gateway.leases import LeaseCheck
 from haltwire.gateway.proxy import Gateway
 from haltwire.store.counters import CounterStore
@@ -111,12 +111,18 @@ def create_app(
 
 
 __all__ = [
+    "Ceilings",
     "ControlUnreachable",
     "Gateway",
     "GatewayApp",
+    "GatewayConfig",
     "StopWatch",
+    "SuspensionFile",
     "UpstreamError",
     "counter_store",
     "create_app",
     "idempotency_store",
+    "load_config",
+    "parse_config",
+    "write_suspensions",
 ]

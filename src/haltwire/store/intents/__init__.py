@@ -1,66 +1,23 @@
-"""Intents: recorded requests to perform an irreversible action, committed later by the executor.
+"""Where intents live: one table beside the registry (the same SQLite file, the same PostgreSQL schema).
 
-The gateway records an intent instead of calling an irreversible tool; the executor claims it,
-checks the stop registry, performs the call with the intent's idempotency key and records the
-outcome. The states, and who moves an intent between them::
-
-    awaiting_approval --approve--> pending           (an operator)
-    awaiting_approval --reject---> rejected          (an operator, with a reason)
-    pending ----------claim------> claimed           (one executor, ``claim_next``)
-    claimed ----------commit-----> committed         (the claiming executor)
-    claimed ----------fail-------> failed            (the claiming executor)
-    claimed ----------mark_unknown-> unknown         (the claiming executor, restarted after a crash)
-    unknown ----------commit / fail                  (the same executor, after re-issuing the call
-                                                      with the same idempotency key)
-    pending, awaiting_approval,
-    claimed, unknown never checked --cancel_for_stop--> cancelled   (a stop matching the intent)
-    claimed, unknown --check------> (same state)     (the claiming executor's final registry
-                                                      check, recording the registry revision)
-    claimed, unknown --cancel-----> cancelled        (the claiming executor, when that check
-                                                      finds a stop; never after a passed check)
-
-The executor checks the registry itself immediately before performing the call (``check``).
-``checked_revision`` is the registry revision that check saw: a stop with a higher revision
-came after the decision to perform the call; an intent with no ``checked_revision`` never
-reached the upstream, so a stop cancels it even when an executor holds it (its check then
-finds it cancelled). One that passed its check is left to settle as committed or failed.
-
-Terminal states: committed, failed,
-cancelled, rejected. Every transition is conditional on the current state inside one write
-transaction; a refused one raises ``IntentStateError``.
-
-The idempotency key is unique per agent: the same key with the same tool and canonical
-arguments returns the intent recorded first; with another tool or other arguments it raises
-``IdempotencyConflict``. Nothing here deletes intents, so keys are kept for as long as the
-table is (at least the 24 hours the idempotency rules promise).
-
-The table lives in the registry's database (the same SQLite file, the same PostgreSQL
-schema). The DDL and the queries are written once here, with ``?`` placeholders and
-``{intents}`` for the table name; each backend binds them its own way. Failures raise
-``RegistryUnavailable``, like the other stores'.
+The intent itself, its states and its rules are ``haltwire.intents``; this module persists and
+queries. The DDL and the queries are written once here, with ``?`` placeholders and
+``{intents}`` for the table name; each backend binds them its own way, applying
+``haltwire.intents.moved`` to the row it read under its write lock. Nothing here deletes
+intents, so keys are kept for as long as the table is (at least the 24 hours the idempotency
+rules promise). Failures raise ``RegistryUnavailable``, like the other stores'.
 """
 
 from __future__ import annotations
 
 import builtins
 import json
-import secrets
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
-from typing import Any, Final, Literal, NamedTuple, Protocol, get_args
+from typing import Any, Final, Protocol
 
-from haltwire.scope import GLOBAL, Scope
+from haltwire.intents import CANCELLABLE, STATES, UNCHECKED, Created, Intent, IntentStateError, canonical
+from haltwire.scope import Scope
 from haltwire.store.registry import RegistryUnavailable
-
-IntentState = Literal[
-    "awaiting_approval", "pending", "claimed", "unknown", "committed", "failed", "cancelled", "rejected"
-]
-STATES: Final[tuple[str, ...]] = get_args(IntentState)
-TERMINAL: Final = frozenset({"committed", "failed", "cancelled", "rejected"})
-#: What a stop cancels: intents no executor has claimed yet, and claimed ones never checked
-#: (``checked_revision`` null: their call was not made).
-CANCELLABLE: Final = ("pending", "awaiting_approval")
-UNCHECKED: Final = ("claimed", "unknown")
 
 #: The columns of one intent row, in this order, in every backend.
 COLUMNS: Final = (
@@ -86,78 +43,8 @@ COLUMNS: Final = (
     "checked_revision",
 )
 
+
 Row = Sequence[Any]
-
-
-class UnknownIntent(LookupError):
-    """No intent has this id."""
-
-
-class IntentStateError(Exception):
-    """A transition the intent's current state (or its claimant) does not allow."""
-
-
-class LimitReached(Exception):
-    """The run already has ``limit`` checked intents for this tool (a per-run intent limit)."""
-
-    def __init__(self, run_id: str, tool: str, limit: int) -> None:
-        super().__init__(
-            f"run {run_id} already has {limit} checked intent(s) for {tool}; the limit is {limit}"
-        )
-        self.run_id, self.tool, self.limit = run_id, tool, limit
-
-
-class IdempotencyConflict(Exception):
-    """An idempotency key reused with another tool or other arguments: terminal for the caller."""
-
-
-@dataclass(frozen=True, slots=True)
-class Intent:
-    intent_id: str
-    run_id: str | None
-    agent: str
-    tenant: str
-    version: str
-    tool: str
-    arguments: dict[str, Any]
-    idempotency_key: str
-    state: IntentState
-    created_at: float
-    updated_at: float
-    needs_approval: bool = False
-    claimed_by: str | None = None
-    claimed_at: float | None = None
-    outcome: Any = None
-    error: str | None = None
-    stop_id: str | None = None
-    decided_by: str | None = None
-    decision_reason: str | None = None
-    checked_revision: int | None = None
-
-    @property
-    def terminal(self) -> bool:
-        return self.state in TERMINAL
-
-    @property
-    def scopes(self) -> frozenset[Scope]:
-        """The scopes a stop must name to cancel this intent (its run only when known)."""
-        scopes = {
-            GLOBAL,
-            Scope("agent", self.agent),
-            Scope("tenant", self.tenant),
-            Scope("version", f"{self.agent}@{self.version}"),
-            Scope("tool", self.tool),
-        }
-        if self.run_id is not None:
-            scopes.add(Scope("run", self.run_id))
-        return frozenset(scopes)
-
-
-class Created(NamedTuple):
-    """What ``create`` answers: the intent, and False when the key had recorded it before."""
-
-    intent: Intent
-    created: bool
 
 
 class IntentStore(Protocol):
@@ -223,9 +110,8 @@ class IntentStore(Protocol):
     async def aclose(self) -> None: ...
 
 
-# -- shared by the backends -------------------------------------------------------------------
-
 _COLS = ", ".join(COLUMNS)
+
 
 DDL: Final = (
     """CREATE TABLE IF NOT EXISTS {intents} (
@@ -255,7 +141,9 @@ DDL: Final = (
     "CREATE INDEX IF NOT EXISTS intents_by_run ON {intents} (run_id, created_at)",
 )
 
+
 _OLDEST = "ORDER BY created_at, intent_id"
+
 
 #: ``{lock}`` is ``FOR UPDATE`` (PostgreSQL) or empty (SQLite, where the write transaction is
 #: already exclusive); ``{skip}`` is ``FOR UPDATE SKIP LOCKED`` or empty.
@@ -279,6 +167,7 @@ QUERIES: Final = {
     "AND checked_revision IS NOT NULL AND intent_id <> ?",
 }
 
+
 #: The column expression a scope of each kind is compared with (``global`` matches every row).
 _SCOPE_COLUMN: Final = {
     "run": "run_id",
@@ -287,62 +176,6 @@ _SCOPE_COLUMN: Final = {
     "agent": "agent",
     "version": "agent || '@' || version",
 }
-
-#: action -> (the states it may start from, the state it leads to; None: the same state)
-TRANSITIONS: Final[dict[str, tuple[tuple[str, ...], IntentState | None]]] = {
-    "approve": (("awaiting_approval",), "pending"),
-    "reject": (("awaiting_approval",), "rejected"),
-    "commit": (("claimed", "unknown"), "committed"),
-    "fail": (("claimed", "unknown"), "failed"),
-    "check": (("claimed", "unknown"), None),
-    "cancel": (("claimed", "unknown"), "cancelled"),
-}
-#: Actions only the executor that claimed the intent may take.
-BY_CLAIMANT: Final = frozenset({"commit", "fail", "check", "cancel"})
-
-
-def new_intent_id() -> str:
-    return "int_" + secrets.token_hex(8)
-
-
-def canonical(value: Any) -> str:
-    """The stored text of a JSON value; equal values give equal text."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-
-def new_intent(
-    *,
-    agent: str,
-    tenant: str,
-    version: str,
-    tool: str,
-    arguments: dict[str, Any],
-    idempotency_key: str,
-    now: float,
-    run_id: str | None,
-    needs_approval: bool,
-) -> Intent:
-    """A new intent, checked; ``ValueError`` for what cannot be stored."""
-    if not isinstance(arguments, dict):
-        raise ValueError("an intent's arguments are a JSON object")
-    for name, value in (("agent", agent), ("tool", tool), ("idempotency_key", idempotency_key)):
-        if not value:
-            raise ValueError(f"an intent needs a non-empty {name}")
-    canonical(arguments)  # raises ValueError for NaN / infinity, TypeError for non-JSON values
-    return Intent(
-        intent_id=new_intent_id(),
-        run_id=run_id,
-        agent=agent,
-        tenant=tenant,
-        version=version,
-        tool=tool,
-        arguments=arguments,
-        idempotency_key=idempotency_key,
-        state="awaiting_approval" if needs_approval else "pending",
-        created_at=now,
-        updated_at=now,
-        needs_approval=needs_approval,
-    )
 
 
 def as_row(i: Intent) -> tuple[object, ...]:
@@ -395,59 +228,6 @@ def from_row(row: Row) -> Intent:
         decision_reason=None if reason is None else str(reason),
         checked_revision=None if checked is None else int(checked),
     )
-
-
-def recorded(existing: Intent, new: Intent) -> Created:
-    """The first intent for a repeated key, if the repeat asks for the same call."""
-    if existing.tool != new.tool or canonical(existing.arguments) != canonical(new.arguments):
-        raise IdempotencyConflict(
-            f"the idempotency key {new.idempotency_key!r} of agent {new.agent!r} was used for "
-            f"intent {existing.intent_id} with another tool or other arguments; a key names one call"
-        )
-    return Created(existing, False)
-
-
-def moved(
-    current: Intent | None, intent_id: str, action: str, executor: str | None = None, **fields: Any
-) -> Intent:
-    """``current`` after ``action``, or ``UnknownIntent`` / ``IntentStateError`` if refused."""
-    if current is None:
-        raise UnknownIntent(intent_id)
-    sources, target = TRANSITIONS[action]
-    if current.state not in sources:
-        leads_to = f" -> {target}" if target else ""
-        raise IntentStateError(
-            f"intent {intent_id} is {current.state}: cannot {action} it ({' or '.join(sources)}{leads_to} only)"
-        )
-    if action in BY_CLAIMANT and current.claimed_by != executor:
-        raise IntentStateError(
-            f"intent {intent_id} is {current.state} by executor {current.claimed_by!r}: "
-            f"executor {executor!r} cannot {action} it"
-        )
-    if action == "cancel" and current.checked_revision is not None:
-        raise IntentStateError(
-            f"intent {intent_id} passed its final check at revision {current.checked_revision}: "
-            "its call may have been made, so it settles as committed or failed, never cancelled"
-        )
-    values = {name: getattr(current, name) for name in COLUMNS}
-    return Intent(**{**values, **fields, "state": target or current.state})
-
-
-def checked(
-    current: Intent | None, intent_id: str, executor: str, revision: int, now: float
-) -> Intent | None:
-    """``current`` after its final check at ``revision``; None when it was checked before (a
-    repeated check answers the first one, so a restarted executor can ask again)."""
-    new = moved(current, intent_id, "check", claimant(executor), checked_revision=revision, updated_at=now)
-    assert current is not None
-    return None if current.checked_revision is not None else new
-
-
-def over_limit(intent: Intent, limit: int | None, count: int) -> LimitReached | None:
-    """The refusal of a per-run intent limit, when ``count`` checked intents already reach it."""
-    if limit is None or intent.run_id is None or count < limit:
-        return None
-    return LimitReached(intent.run_id, intent.tool, limit)
 
 
 def move_params(old: Intent, new: Intent) -> tuple[object, ...]:
@@ -509,37 +289,4 @@ def cancel_query(scope: Scope, stop_id: str, now: float) -> tuple[str, list[obje
     return f"{text} AND {_SCOPE_COLUMN[scope.kind]} = ? RETURNING {_COLS}", [stop_id, now, scope.value]
 
 
-def oldest_first(intents: list[Intent]) -> list[Intent]:
-    return sorted(intents, key=lambda i: (i.created_at, i.intent_id))
-
-
-def decider(by: str, reason: str | None = None) -> str:
-    """Who approved or rejected; a rejection also needs its reason."""
-    if not by:
-        raise ValueError("an approval or rejection names who decided")
-    if reason is not None and not reason.strip():
-        raise ValueError("a rejection needs a reason")
-    return by
-
-
-def claimant(executor: str) -> str:
-    if not executor:
-        raise ValueError("an executor needs a non-empty id")
-    return executor
-
-
-__all__ = [
-    "CANCELLABLE",
-    "STATES",
-    "TERMINAL",
-    "Created",
-    "IdempotencyConflict",
-    "Intent",
-    "IntentState",
-    "IntentStateError",
-    "IntentStore",
-    "LimitReached",
-    "RegistryUnavailable",
-    "UnknownIntent",
-    "new_intent_id",
-]
+__all__ = ["COLUMNS", "IntentStore", "RegistryUnavailable"]

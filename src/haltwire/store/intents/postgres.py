@@ -13,25 +13,27 @@ from typing import Any
 
 from psycopg import sql
 
-from haltwire.scope import Scope
-from haltwire.store.intents import (
-    DDL,
-    QUERIES,
+from haltwire.intents import (
     Created,
     Intent,
-    as_row,
-    cancel_query,
     checked,
     claimant,
     decider,
-    from_row,
-    list_query,
-    lost_race,
-    move_params,
     moved,
     oldest_first,
     over_limit,
     recorded,
+)
+from haltwire.scope import Scope
+from haltwire.store.intents import (
+    DDL,
+    QUERIES,
+    as_row,
+    cancel_query,
+    from_row,
+    list_query,
+    lost_race,
+    move_params,
 )
 from haltwire.store.sql import PgConn, PostgresConnection, SharedQueries, advisory_lock
 

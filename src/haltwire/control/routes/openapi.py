@@ -21,12 +21,26 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 import haltwire
+from haltwire.control.access import ROLES
 from haltwire.control.config import Role
+from haltwire.control.reports import RunReport, TimelineEntry
+from haltwire.control.routes.credentials import CredentialBody
+from haltwire.control.routes.intents import CommitBody, FailBody, IntentBody, RejectBody
+from haltwire.control.routes.runs import (
+    MAX_BATCH,
+    MAX_CHECKPOINT_BYTES,
+    RUN_ID,
+    CheckpointBody,
+    RegisterBody,
+    RenewBody,
+)
+from haltwire.control.routes.stops import ClearBody, IssueBody
+from haltwire.credentials import JWKS_PATH
+from haltwire.intents import STATES, Intent
 from haltwire.scope import KINDS
 from haltwire.stops import Change, ChangeKind, StopRecord
 from haltwire.store.audit import AuditRecord, VerifyResult
 from haltwire.store.credentials import CredentialRecord
-from haltwire.store.intents import STATES, Intent
 from haltwire.store.runs import Checkpoint, RunRecord
 from haltwire.tokens import Grant
 
@@ -212,7 +226,6 @@ def _operation(
     ``errors`` are status codes with the shared meaning in ``_ERRORS``, or (code, meaning) for
     this operation's own: a 404 or a 409 means different things on different paths.
     """
-    from haltwire.control.app import ROLES  # app.py imports this module for its route
 
     meanings = {c: _ERRORS[c] for c in errors if isinstance(c, int)}
     meanings.update(c for c in errors if not isinstance(c, int))
@@ -261,14 +274,6 @@ def _watch_event() -> dict[str, Any]:
 
 def _run_paths(schemas: dict[str, Any]) -> dict[str, Any]:
     """The run and lease endpoints (haltwire.control.runs)."""
-    from haltwire.control.runs import (
-        MAX_BATCH,
-        MAX_CHECKPOINT_BYTES,
-        RUN_ID,
-        CheckpointBody,
-        RegisterBody,
-        RenewBody,
-    )
 
     run_id = [
         {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string", "pattern": RUN_ID}}
@@ -394,9 +399,6 @@ def _run_paths(schemas: dict[str, Any]) -> dict[str, Any]:
 
 def _broker_paths(schemas: dict[str, Any]) -> dict[str, Any]:
     """The credential broker's endpoints (haltwire.control.broker)."""
-    from haltwire.control.broker import CredentialBody
-    from haltwire.control.runs import RUN_ID
-    from haltwire.credentials import JWKS_PATH
 
     run_id = [
         {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string", "pattern": RUN_ID}}
@@ -447,8 +449,6 @@ def _broker_paths(schemas: dict[str, Any]) -> dict[str, Any]:
 
 def _intent_paths(schemas: dict[str, Any]) -> dict[str, Any]:
     """The intent endpoints (haltwire.control.intents)."""
-    from haltwire.control.intents import CommitBody, FailBody, IntentBody, RejectBody
-    from haltwire.control.runs import MAX_BATCH
 
     intent_id = [{"name": "intent_id", "in": "path", "required": True, "schema": {"type": "string"}}]
     unknown = (404, "unknown_intent: no intent has this id")
@@ -605,8 +605,6 @@ def _intent_paths(schemas: dict[str, Any]) -> dict[str, Any]:
 
 def _report_paths(schemas: dict[str, Any]) -> dict[str, Any]:
     """The run report (haltwire.control.reports); its schema is derived from ``RunReport``."""
-    from haltwire.control.reports import RunReport, TimelineEntry
-    from haltwire.control.runs import RUN_ID
 
     _derived(schemas, TimelineEntry)
     _derived(schemas, RunReport)  # its run, intents and stops refer to the schemas above
@@ -628,7 +626,6 @@ def _report_paths(schemas: dict[str, Any]) -> dict[str, Any]:
 
 
 def _document() -> dict[str, Any]:
-    from haltwire.control.app import ClearBody, IssueBody  # app.py imports this module for its route
 
     components = _components()
     schemas = components["schemas"]

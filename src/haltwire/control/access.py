@@ -1,0 +1,96 @@
+"""Who may do what at the control plane: callers from bearer tokens, actions by role, what an agent sees.
+
+A caller is resolved from the request's bearer token only (a SHA-256 dict lookup), then allowed
+or refused by role (``ROLES``, which the role-matrix test checks). A refused write by a known
+caller is audited; an unknown token is refused without a record, so it cannot flood the log.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Final
+
+from haltwire import refusal
+from haltwire.control.config import Caller
+from haltwire.control.errors import Refused
+from haltwire.control.plane import Plane
+from haltwire.identity import bearer_token, token_sha256
+
+#: Which roles may take which action.
+ROLES: Final[Mapping[str, frozenset[str]]] = {
+    "stop.issue": frozenset({"operator", "tripwire"}),
+    "stop.clear": frozenset({"operator"}),
+    "stops.read": frozenset({"operator", "tripwire", "gateway", "executor", "viewer", "agent"}),
+    "audit.read": frozenset({"operator", "viewer"}),
+    "watch": frozenset({"operator", "gateway", "executor", "viewer", "agent"}),
+    # Runs and leases: an agent acts only on the runs it registered. An executor holds a lease
+    # of its own too (its runs carry its identity's name as agent).
+    "run.register": frozenset({"agent", "executor"}),
+    "lease.renew": frozenset({"agent", "executor"}),
+    "run.end": frozenset({"agent", "executor", "operator"}),
+    "checkpoint.save": frozenset({"agent"}),
+    "checkpoint.read": frozenset({"agent", "operator", "viewer"}),
+    "run.read": frozenset({"operator", "viewer", "executor", "gateway", "tripwire", "agent"}),
+    "runs.list": frozenset({"operator", "viewer"}),
+    # The credential broker: an agent asks for its own runs only.
+    "credential.issue": frozenset({"agent"}),
+    "credentials.read": frozenset({"operator", "viewer", "agent"}),
+    # Intents: the gateway records them, the executor claims and settles them, operators
+    # decide the ones awaiting approval; an agent reads its own.
+    "intent.create": frozenset({"gateway"}),
+    "intent.read": frozenset({"operator", "viewer", "executor", "gateway", "agent"}),
+    "intents.list": frozenset({"operator", "viewer", "executor", "gateway"}),
+    "intent.claim": frozenset({"executor"}),
+    "intent.commit": frozenset({"executor"}),
+    "intent.fail": frozenset({"executor"}),
+    "intent.unknown": frozenset({"executor"}),
+    "intent.check": frozenset({"executor"}),
+    "intent.approve": frozenset({"operator"}),
+    "intent.reject": frozenset({"operator"}),
+    # Run reports: read-only; an agent reads its own runs' only.
+    "run.report": frozenset({"operator", "viewer", "agent"}),
+}
+
+
+def _unauthenticated(reason: str) -> Refused:
+    said = refusal.unauthenticated(reason)
+    return Refused(401, said.code, said.message)
+
+
+def authenticate(plane: Plane, authorization: str | None) -> Caller:
+    """The caller an ``Authorization`` header names; ``Refused`` 401 when none does."""
+    token = bearer_token(authorization)
+    if token is None:
+        raise _unauthenticated("no bearer token" if authorization is None else "malformed Authorization header")
+    caller = plane.callers.get(token_sha256(token))
+    if caller is None:
+        raise _unauthenticated("unknown token")
+    if caller.expired(time.time()):
+        raise _unauthenticated("token expired")
+    return caller
+
+
+async def authorize(plane: Plane, caller: Caller, action: str, target: str = "", write: bool = False) -> None:
+    """Refuse (403) a caller whose role may not take ``action``; a refused write is audited."""
+    needed = ROLES[action]
+    if caller.role in needed:
+        return
+    message = f"role {caller.role} may not {action}; it needs role {' or '.join(sorted(needed))}"
+    if write:
+        await plane.audit(caller, action, target, "refused", message)
+    raise Refused(403, "forbidden", message, needed_roles=sorted(needed))
+
+
+async def visible_to(plane: Plane, caller: Caller, scope: str) -> bool:
+    """An agent sees only the stops that can stop it: global ones, and those on its agent id,
+    its tenant, a version of its agent, or one of its runs. Other roles see all."""
+    if caller.role != "agent":
+        return True
+    if scope in ("global", f"agent:{caller.agent}", f"tenant:{caller.tenant}"):
+        return True
+    if scope.startswith(f"version:{caller.agent}@"):
+        return True
+    if scope.startswith("run:"):
+        return await plane.run_agent(scope.removeprefix("run:")) == caller.agent
+    return False

@@ -1,0 +1,84 @@
+"""The running control plane's state: its config, its stores, its view of the stops, its watchers.
+
+One ``Plane`` per control-plane process, held on the app (``app.state.plane``). The rules
+(``access``, ``stops``, ``runs``, ``credentials``, ``intents``, ``reports``) take it as their
+first argument; nothing here knows of HTTP.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Final
+
+import anyio
+
+from haltwire.control.broker import Broker
+from haltwire.control.config import Caller, ControlConfig
+from haltwire.control.leases import LeaseDesk
+from haltwire.control.mirror import StopMirror
+from haltwire.control.stores import Stores
+from haltwire.store.audit import Outcome
+from haltwire.store.registry import RegistryUnavailable
+
+#: Runs whose agent is cached (a run never changes hands); cleared when full.
+_RUN_AGENTS_MAX: Final = 100_000
+
+
+class Plane:
+    def __init__(self, config: ControlConfig) -> None:
+        self.config = config
+        #: Token SHA-256 to caller.
+        self.callers = config.callers()
+        self.heartbeat_s = config.control.heartbeat_s
+        self.stores: Stores | None = None
+        self._changed = anyio.Event()
+        self._run_agents: dict[str, str] = {}
+        #: Grants leases to runs; None without [leases] (the run endpoints answer 501).
+        self.leases = LeaseDesk.from_config(config)
+        #: The stops the plane's own decisions check (leases, credentials, intents): the lease
+        #: desk's mirror, or one of its own without [leases].
+        self.mirror = self.leases.mirror if self.leases else StopMirror()
+        #: Issues run credentials; None without [broker] (the credential endpoints answer 501).
+        self.broker = Broker.from_config(config, self.mirror)
+        #: One [[intent_limits]] stop at a time, so checks past a run's limit together write one.
+        self.limit_stops = anyio.Lock()
+
+    @property
+    def open(self) -> Stores:
+        if self.stores is None:
+            raise RegistryUnavailable("the control plane's stores are not open")
+        return self.stores
+
+    def notify(self) -> None:
+        """Wake every watcher: the registry has a new change."""
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
+
+    @property
+    def changed(self) -> anyio.Event:
+        """Set at the next change; take it before reading, so a write after the read wakes you."""
+        return self._changed
+
+    async def catch_up(self) -> StopMirror:
+        """The mirror, current with the registry (one ``MAX(revision)`` query when it is)."""
+        await self.mirror.catch_up(self.open.registry)
+        return self.mirror
+
+    async def run_agent(self, run_id: str) -> str | None:
+        """The agent a run belongs to (a run never changes hands, so it is cached)."""
+        agent = self._run_agents.get(run_id)
+        if agent is None:
+            run = await self.open.runs.get(run_id)
+            if run is None:
+                return None
+            if len(self._run_agents) >= _RUN_AGENTS_MAX:
+                self._run_agents.clear()
+            agent = self._run_agents[run_id] = run.agent
+        return agent
+
+    async def audit(
+        self, caller: Caller, action: str, target: str, outcome: Outcome, reason: str, **detail: Any
+    ) -> None:
+        await self.open.audit.append(
+            caller.name, caller.role, action, target, outcome, reason, detail, now=time.time()
+        )
