@@ -12,11 +12,12 @@ from haltwire.gateway.ceilings import Ceilings, Ticket, ToolCeilings
 from haltwire.gateway.config import GatewayConfig, load_config, parse_config
 from haltwire.gateway.killswitch import SuspensionFile, write_suspensions
 from haltwire.identity import Identity, TokenTable, token_sha256
-from haltwire.refusal import TERMINAL_CODES, TRANSIENT_CODES, Refusal
+from haltwire.refusal import REQUEST_CODES, TERMINAL_CODES, TRANSIENT_CODES, Refusal
 from haltwire.scope import GLOBAL, Scope, ScopeError, ScopeIndex, call_scopes
 
 __all__ = [
     "GLOBAL",
+    "REQUEST_CODES",
     "TERMINAL_CODES",
     "TRANSIENT_CODES",
     "Ceilings",
