@@ -12,12 +12,13 @@ __version__ = "0.1.0"
 
 from haltwire.config import ConfigError
 from haltwire.identity import Identity, TokenTable, token_sha256
-from haltwire.refusal import TERMINAL_CODES, TRANSIENT_CODES, Refusal
+from haltwire.refusal import REQUEST_CODES, TERMINAL_CODES, TRANSIENT_CODES, Refusal
 from haltwire.scope import GLOBAL, Scope, ScopeError, ScopeIndex, call_scopes
 from haltwire.stops import StopRecord, StopSet
 
 __all__ = [
     "GLOBAL",
+    "REQUEST_CODES",
     "TERMINAL_CODES",
     "TRANSIENT_CODES",
     "ConfigError",

@@ -6,14 +6,25 @@ A refusal has two readers. The model reads one sentence of text; client code rea
 raised: the MCP SDK turns a raised error into bare text and drops its data, the
 ``retryable`` flag with it (``tests/test_refusal.py`` pins that SDK behaviour).
 
-Terminal refusals (``retryable: false``) tell the agent to stop and tell the user the
-task is incomplete. Their words never invite another attempt: an agent that obeys
-"please try again" keeps calling until something else stops it.
+Every refusal is built here, by one named function per situation, and every code is of
+one kind, each with its own wording rule (``tests/test_refusal.py`` finds the builders
+and checks every code they give):
+
+- terminal (``retryable: false``): the words tell the agent to stop and tell the user the
+  task is incomplete, and never invite another attempt: an agent that obeys "please try
+  again" keeps calling until something else stops it;
+- transient (``retryable: true``): the words say how long to wait (``retry_after_s``);
+- request (``retryable: false``): the call cannot be answered as made (a body too large,
+  a malformed or foreign question to the ``haltwire_intent`` tool). Nothing was stopped,
+  so the words say what is wrong without telling the agent to stop; the same call gets the
+  same answer, so they never invite another attempt either;
+- demo: ``please_try_again``, the failure mode ``haltwire demo loop`` shows.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -34,6 +45,7 @@ TERMINAL_CODES: Final = frozenset(
         "unauthenticated",
         "idempotency_conflict",
         "outcome_unknown",
+        "intent_refused",
     }
 )
 
@@ -41,6 +53,14 @@ TERMINAL_CODES: Final = frozenset(
 TRANSIENT_CODES: Final = frozenset(
     {"too_many_in_flight", "counters_unavailable", "upstream_unavailable", "registry_unreachable"}
 )
+
+#: Codes for a call that cannot be answered as made; neither a stop nor transient.
+REQUEST_CODES: Final = frozenset(
+    {"payload_too_large", "invalid_request", "unknown_intent", "intent_unreadable", "forbidden"}
+)
+
+#: The refusal the seed warns against, kept for ``haltwire demo loop`` to show what it does.
+DEMO_CODES: Final = frozenset({"rate_limited"})
 
 #: HTTP status for each code when it is answered at the HTTP edge instead of as a tool result.
 HTTP_STATUS: Final[dict[str, int]] = {
@@ -59,7 +79,15 @@ HTTP_STATUS: Final[dict[str, int]] = {
     "deadline_exceeded": 504,
     "idempotency_conflict": 409,
     "outcome_unknown": 409,
+    "intent_refused": 403,
     "payload_too_large": 413,
+    # The control plane's statuses for the same codes.
+    "invalid_request": 422,
+    "unknown_intent": 404,
+    "forbidden": 403,
+    # The control plane answered the gateway with something it cannot pass on.
+    "intent_unreadable": 502,
+    "rate_limited": 429,
 }
 
 
@@ -80,6 +108,19 @@ class Refusal:
     extra: tuple[tuple[str, Any], ...] = ()
     #: The tool result's ``_meta`` (the idempotency key the gateway used, say).
     meta: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def from_error(cls, error: Mapping[str, Any]) -> Refusal:
+        """The refusal whose ``error()`` this is: a recorded refusal, replayed word for word."""
+        fields = dict(error)
+        return cls(
+            code=fields.pop("code"),
+            message=fields.pop("message"),
+            retryable=fields.pop("retryable"),
+            resets_at=fields.pop("resets_at", None),
+            retry_after_s=fields.pop("retry_after_s", None),
+            extra=tuple(fields.items()),
+        )
 
     def error(self) -> dict[str, Any]:
         """The ``error`` object, as it appears in ``structuredContent`` and HTTP bodies."""
@@ -107,11 +148,17 @@ class Refusal:
 
     @property
     def http_status(self) -> int:
+        # Every code here has an entry; the default is for a recorded refusal (``from_error``)
+        # written by a version with other codes.
         return HTTP_STATUS.get(self.code, 403 if not self.retryable else 503)
 
 
 def _terminal(code: str, clause: str, **fields: Any) -> Refusal:
     return Refusal(code=code, message=f"{clause}, {STOP_AND_TELL}", retryable=False, **fields)
+
+
+def _request(code: str, sentence: str) -> Refusal:
+    return Refusal(code=code, message=sentence, retryable=False)
 
 
 def budget_exhausted(who: str, budget: int, resets_at_s: float, tool: str | None = None) -> Refusal:
@@ -121,6 +168,15 @@ def budget_exhausted(who: str, budget: int, resets_at_s: float, tool: str | None
         "budget_exhausted",
         f"{who} has used {what} allowed until {resets} and every further call is refused until then",
         resets_at=resets,
+    )
+
+
+def run_steps_exhausted(run: str, steps: int) -> Refusal:
+    """``budget_exhausted`` for a run: it has no reset time, the run is over."""
+    return _terminal(
+        "budget_exhausted",
+        f"Run {run} has made all {steps} tool calls a run is allowed",
+        extra=(("run", run),),
     )
 
 
@@ -193,6 +249,13 @@ def tripwire_tripped(name: str, run: str) -> Refusal:
     return _terminal("tripwire_tripped", f"Tripwire {name} stopped run {run}")
 
 
+def intent_refused(detail: str) -> Refusal:
+    """A 4xx the control plane gave a new intent, other than conflict and stopped: not transient."""
+    return _terminal(
+        "intent_refused", f"The control plane refused to record this call ({detail}) and it was not made"
+    )
+
+
 def too_many_in_flight(who: str, cap: int, retry_after_s: float = 1.0) -> Refusal:
     return Refusal(
         code="too_many_in_flight",
@@ -242,11 +305,28 @@ def registry_unreachable(retry_after_s: float = 5.0) -> Refusal:
 
 
 def payload_too_large(limit: int) -> Refusal:
-    return Refusal(
-        code="payload_too_large",
-        message=f"The request body is larger than the {limit} bytes this gateway accepts.",
-        retryable=False,
+    return _request(
+        "payload_too_large", f"The request body is larger than the {limit} bytes this gateway accepts."
     )
+
+
+def invalid_intent_id(max_chars: int) -> Refusal:
+    """``haltwire_intent`` called without a usable ``intent_id``."""
+    return _request("invalid_request", f"intent_id must be a string of 1 to {max_chars} characters.")
+
+
+def unknown_intent(intent_id: str) -> Refusal:
+    return _request("unknown_intent", f"No intent has the id {intent_id}.")
+
+
+def intent_unreadable(intent_id: str) -> Refusal:
+    """The control plane answered the gateway's read of an intent with a 4xx other than 404."""
+    return _request("intent_unreadable", f"The control plane did not give intent {intent_id}.")
+
+
+def intent_forbidden(intent_id: str, who: str) -> Refusal:
+    """An intent another agent than ``who`` proposed: the answer reveals nothing of it."""
+    return _request("forbidden", f"Intent {intent_id} belongs to another agent than {who}.")
 
 
 def please_try_again(retry_after_s: float = 0.0) -> Refusal:

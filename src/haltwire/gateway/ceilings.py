@@ -163,22 +163,12 @@ class Ceilings:
                         return refusal.please_try_again()
                     b = budgets[i]
                     if run is not None and b.key == f"{agent}:r:{run}":
-                        return run_steps_exhausted(run, b.limit)
+                        return refusal.run_steps_exhausted(run, b.limit)
                     return refusal.budget_exhausted(
                         agent, b.limit, ends, tool if b.key != f"{agent}:b" else None
                     )
                 return refusal.too_many_in_flight(agent, slots[i].limit)
         return Ticket(self._store, tuple(slots), slot_id, c.deadline_s)
-
-
-def run_steps_exhausted(run: str, steps: int) -> Refusal:
-    """``budget_exhausted`` for a run: it has no reset time, the run is over."""
-    return Refusal(
-        code="budget_exhausted",
-        message=f"Run {run} has made all {steps} tool calls a run is allowed, {refusal.STOP_AND_TELL}",
-        retryable=False,
-        extra=(("run", run),),
-    )
 
 
 def _int(v: float | int | None) -> int | None:

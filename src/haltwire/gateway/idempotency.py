@@ -100,10 +100,7 @@ def _decode(text: str) -> dict[str, Any] | Refusal:
     if "result" in recorded:
         result: dict[str, Any] = recorded["result"]
         return result
-    error = dict(recorded["refusal"])
-    code, message, retryable = error.pop("code"), error.pop("message"), error.pop("retryable")
-    resets_at, retry_after_s = error.pop("resets_at", None), error.pop("retry_after_s", None)
-    return Refusal(code, message, retryable, resets_at, retry_after_s, extra=tuple(error.items()))
+    return Refusal.from_error(recorded["refusal"])
 
 
 class Idempotency:

@@ -36,13 +36,15 @@ from haltwire.errors import describe
 from haltwire.gateway.idempotency import client_key, derived_key
 from haltwire.identity import Identity
 from haltwire.meta import KEY_META, LABEL_META
-from haltwire.refusal import STOP_AND_TELL, Refusal
+from haltwire.refusal import Refusal
 from haltwire.upstreams.labels import Label
 
 log = logging.getLogger("haltwire.gateway")
 
 #: The gateway's own tool that reads an intent's state.
 INTENT_TOOL: Final = "haltwire_intent"
+#: The longest ``intent_id`` the status tool accepts.
+MAX_INTENT_ID_CHARS: Final = 256
 #: The most a request to the control plane may take, whatever the call's deadline.
 CONTROL_TIMEOUT_S: Final = 10.0
 
@@ -54,7 +56,7 @@ STATUS_TOOL: Final = types.Tool(
     ),
     input_schema={
         "type": "object",
-        "properties": {"intent_id": {"type": "string", "minLength": 1, "maxLength": 256}},
+        "properties": {"intent_id": {"type": "string", "minLength": 1, "maxLength": MAX_INTENT_ID_CHARS}},
         "required": ["intent_id"],
     },
     annotations=types.ToolAnnotations(read_only_hint=True),
@@ -65,19 +67,11 @@ _SHOWN: Final = ("intent_id", "state", "tool", "idempotency_key", "run_id")
 _STATUS_SHOWN: Final = (*_SHOWN, "needs_approval", "stop_id", "outcome", "error", "decision_reason")
 
 
-def _tool_error(code: str, message: str) -> Refusal:
-    return Refusal(code, message, retryable=False)
-
-
 def _control_refusal(body: dict[str, Any], status: int) -> Refusal:
-    """A 4xx the control plane gave a new intent, other than conflict and stopped: not transient."""
+    """``intent_refused``, naming the control plane's reason for its 4xx."""
     error = body.get("error")
     message = (error.get("message") if isinstance(error, dict) else None) or f"HTTP {status}"
-    return Refusal(
-        "intent_refused",
-        f"The control plane refused to record this call ({message}) and it was not made, {STOP_AND_TELL}",
-        retryable=False,
-    )
+    return refusal.intent_refused(message)
 
 
 def _json(response: httpx2.Response) -> Any:
@@ -177,8 +171,8 @@ class IntentDesk:
     ) -> dict[str, Any] | Refusal:
         """The ``haltwire_intent`` tool: the state of one of this agent's intents."""
         intent_id = (arguments or {}).get("intent_id")
-        if not isinstance(intent_id, str) or not 1 <= len(intent_id) <= 256:
-            return _tool_error("invalid_request", "intent_id must be a string of 1 to 256 characters.")
+        if not isinstance(intent_id, str) or not 1 <= len(intent_id) <= MAX_INTENT_ID_CHARS:
+            return refusal.invalid_intent_id(MAX_INTENT_ID_CHARS)
         try:
             with anyio.fail_after(min(deadline_s, CONTROL_TIMEOUT_S)):
                 response = await self._http.get(f"/v1/intents/{quote(intent_id, safe='')}")
@@ -187,16 +181,14 @@ class IntentDesk:
             return refusal.registry_unreachable()
         answer = _json(response)
         if response.status_code == 404:
-            return _tool_error("unknown_intent", f"No intent has the id {intent_id}.")
+            return refusal.unknown_intent(intent_id)
         if response.status_code != 200 or not isinstance(answer, dict):
             if response.status_code >= 500 or not isinstance(answer, dict):
                 return refusal.registry_unreachable()
-            return _tool_error("intent_unreadable", f"The control plane did not give intent {intent_id}.")
+            return refusal.intent_unreadable(intent_id)
         if answer.get("agent") != identity.agent:
             # Same answer shape as the control plane's own check for agent callers.
-            return _tool_error(
-                "forbidden", f"Intent {intent_id} belongs to another agent than {identity.agent}."
-            )
+            return refusal.intent_forbidden(intent_id, identity.agent)
         shown = {k: answer.get(k) for k in _STATUS_SHOWN}
         text = f"Intent {intent_id} for {answer.get('tool')} is {answer.get('state')}."
         return {
