@@ -31,7 +31,7 @@ import jwt
 
 from haltwire.config import ControlLink
 from haltwire.scope import Scope, run_scopes
-from haltwire.stops import StopSet
+from haltwire.stops import Stopped, StopSet
 from haltwire.watch import StopWatch
 
 ISSUER: Final = "haltwire"
@@ -159,13 +159,11 @@ class CredentialVerifier:
         watch: StopWatch,
         *,
         clock: Callable[[], float] = time.time,
-        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.keys = keys
         self.audience = audience
         self.watch = watch
         self._clock = clock
-        self._monotonic = monotonic
 
     @classmethod
     def connect(
@@ -189,7 +187,7 @@ class CredentialVerifier:
         )
         keys = JwksKeys(jwks_url or base + JWKS_PATH, refresh_s=jwks_refresh_s, monotonic=monotonic)
         watch = StopWatch(link, monotonic=monotonic, clock=clock)
-        return cls(keys, audience, watch, clock=clock, monotonic=monotonic)
+        return cls(keys, audience, watch, clock=clock)
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[CredentialVerifier]:
@@ -216,9 +214,8 @@ class CredentialVerifier:
 
     def check_revoked(self, claims: CredentialClaims) -> None:
         """Raises unless the watch is fresh and no stop revokes the credential."""
-        heard = self.watch.last_heard
-        staleness_s = self.watch.link.staleness_s
-        if heard is None or self._monotonic() - heard > staleness_s:
+        if not self.watch.current():
+            staleness_s = self.watch.link.staleness_s
             raise CredentialRefused(
                 "registry_unreachable",
                 f"nothing heard from the stop registry for over {staleness_s:g} s; no credential is accepted",
@@ -268,17 +265,12 @@ async def authenticate(keys: JwksKeys, token: str, audience: str) -> CredentialC
 
 def revoked(claims: CredentialClaims, stops: StopSet, now: float) -> str | None:
     """Why a stop revokes ``claims`` (active on its run's scopes, or issued after it), or None."""
-    if not len(stops) and claims.generation >= stops.revision:
-        return None  # no active stop and none since the issue: nothing to look up
-    scopes = claims.scopes
-    hit = stops.match(scopes, now)
-    if hit is not None:
-        scope, stop = hit
-        return f"work in scope {scope} was stopped ({stop.reason}; stop {stop.stop_id})"
-    fence = stops.fence(scopes)
-    if fence > claims.generation:
-        return f"issued before stop revision {fence} on its run's scopes; the run must get a new credential"
-    return None
+    verdict = stops.verdict(lambda: claims.scopes, now, claims.generation)
+    if verdict is None:
+        return None
+    if isinstance(verdict, Stopped):
+        return f"work in scope {verdict.scope} was stopped ({verdict.stop.reason}; stop {verdict.stop.stop_id})"
+    return f"issued before stop revision {verdict.revision} on its run's scopes; the run must get a new credential"
 
 
 def _text(raw: Mapping[str, Any], key: str) -> str:

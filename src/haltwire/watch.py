@@ -7,8 +7,9 @@ the registry's history at start-up (the gateway reports started only once it hol
 current stops), then applies each ``stop``/``clear`` event as it arrives, resuming with
 ``Last-Event-ID`` after any failure so a reconnect misses and repeats nothing. Once a
 connection has replayed what was missed (the control plane's ``caught-up`` comment), every
-event and heartbeat refreshes ``last_heard``; a gateway that has heard nothing for
-``staleness_s`` fails closed (``registry_unreachable``) until it hears again.
+event and heartbeat refreshes ``last_heard``; a follower that has heard nothing for
+``staleness_s`` is not ``current`` and fails closed (the gateway refuses ``registry_unreachable``)
+until it hears again.
 """
 
 from __future__ import annotations
@@ -24,12 +25,8 @@ import anyio
 import anyio.abc
 import httpx2
 
-from haltwire import refusal
 from haltwire.config import ControlLink
 from haltwire.errors import describe
-from haltwire.identity import Identity
-from haltwire.refusal import Refusal
-from haltwire.scope import call_scopes
 from haltwire.sse import CAUGHT_UP, sse_events
 from haltwire.stops import ChangeKind, StopRecord, StopSet
 
@@ -56,27 +53,18 @@ class StopWatch:
         self.url = link.url.rstrip("/")
         self._token = link.resolve_token()
         self._monotonic = monotonic
-        self._clock = clock
+        #: Whose time a stop's expiry is judged by.
+        self.clock = clock
         self.stops = StopSet()
         self._advanced = anyio.Event()
         self.last_heard: float | None = None
         #: True once the stops issued before start-up are applied (``run`` reported started).
         self.ready = False
 
-    # -- the per-call check ----------------------------------------------------------------
-
-    def check(self, identity: Identity, tool: str, run: str | None = None) -> Refusal | None:
-        """The refusal for this call, or None: stale registry first, then any matching stop."""
+    def current(self) -> bool:
+        """Whether the stops held are current: heard from within ``staleness_s`` (fail closed)."""
         heard = self.last_heard
-        if heard is None or self._monotonic() - heard > self.link.staleness_s:
-            return refusal.registry_unreachable(self.link.staleness_s)
-        if not len(self.stops):
-            return None
-        hit = self.stops.match(call_scopes(identity, tool, run), self._clock())
-        if hit is None:
-            return None
-        scope, stop = hit
-        return refusal.stopped(str(scope), stop.stop_id, stop.reason)
+        return heard is not None and self._monotonic() - heard <= self.link.staleness_s
 
     @property
     def revision(self) -> int:
@@ -151,11 +139,8 @@ class StopWatch:
                     )
                 task_status = anyio.TASK_STATUS_IGNORED
                 await anyio.sleep(delay)
-                delay = min(delay * 2, RECONNECT_MAX_S) if self._stale() else RECONNECT_MIN_S
+                delay = min(delay * 2, RECONNECT_MAX_S) if not self.current() else RECONNECT_MIN_S
 
-    def _stale(self) -> bool:
-        heard = self.last_heard
-        return heard is None or self._monotonic() - heard > self.link.staleness_s
 
     async def start(self, tg: anyio.abc.TaskGroup) -> None:
         try:

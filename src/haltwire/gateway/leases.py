@@ -22,8 +22,6 @@ from haltwire import refusal
 from haltwire.identity import Identity
 from haltwire.meta import LEASE_META, RUN_META
 from haltwire.refusal import Refusal
-from haltwire.scope import Scope, run_scopes
-from haltwire.stops import StopSet
 from haltwire.tokens import LeaseClaims, LeaseKeys, LeaseTokenError
 
 _MAX_SCOPE_CACHE: Final = 65_536
@@ -86,31 +84,3 @@ class LeaseCheck:
         if claimed_run is not None and claimed_run != claims.run:
             return refusal.lease_invalid(f"the lease is for run {claims.run}, not the run this call names")
         return claims
-
-
-class RunFence:
-    """Refuses a lease or a broker credential checked before a stop on its run's scopes.
-
-    The stop may be cleared since: the grant still predates it, and the run must get a new
-    one. A runtime sends the same token until it renews, so the run's scopes are cached.
-    """
-
-    def __init__(self) -> None:
-        # Run scopes per run identity; bounded, cleared when full.
-        self._scopes: dict[tuple[str, str, str, str], frozenset[Scope]] = {}
-
-    def check(self, claims: LeaseClaims, stops: StopSet) -> Refusal | None:
-        if claims.generation >= stops.revision:
-            return None  # no stop at all since the grant (a fence is never above the revision)
-        key = (claims.run, claims.agent, claims.tenant, claims.version)
-        scopes = self._scopes.get(key)
-        if scopes is None:
-            if len(self._scopes) >= _MAX_SCOPE_CACHE:
-                self._scopes.clear()
-            scopes = self._scopes[key] = run_scopes(*key)
-        fence = stops.fence(scopes)
-        if fence > claims.generation:
-            return refusal.lease_invalid(
-                f"granted before stop revision {fence} on this run; the run must get a new lease or credential"
-            )
-        return None

@@ -29,7 +29,8 @@ from haltwire.gateway.ceilings import Ceilings
 from haltwire.gateway.idempotency import Idempotency
 from haltwire.gateway.intents import INTENT_TOOL, IntentDesk
 from haltwire.gateway.killswitch import SuspensionFile
-from haltwire.gateway.leases import LeaseCheck, RunFence, without_lease
+from haltwire.gateway.leases import LeaseCheck, without_lease
+from haltwire.gateway.stops import stop_refusal
 from haltwire.identity import Identity
 from haltwire.meta import LEASE_META
 from haltwire.refusal import Refusal
@@ -69,7 +70,6 @@ class Gateway:
         self.suspensions = suspensions
         self.stops = stops
         self.leases = leases
-        self._fence = RunFence()
         self._catalogue: tuple[list[types.Tool], list[types.Tool]] | None = None
 
     @property
@@ -119,11 +119,8 @@ class Gateway:
             if lease is not None and meta is not None and LEASE_META in meta:
                 meta = without_lease(meta)  # the token is this gateway's, not the upstream's
         run = lease.run if lease is not None else None
-        if self.stops is not None:
-            if (stopped := self.stops.check(identity, name, run)) is not None:
-                return stopped  # before routing and ceilings: a stopped call consumes nothing
-            if lease is not None and (fenced := self._fence.check(lease, self.stops.stops)):
-                return fenced
+        if self.stops is not None and (stopped := stop_refusal(self.stops, identity, name, lease)) is not None:
+            return stopped  # before routing and ceilings: a stopped call consumes nothing
         route = self.upstreams.route(name)
         desk = None
         if route is None and (desk := self._status_tool(name)) is None:
