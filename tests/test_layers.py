@@ -1,0 +1,133 @@
+"""Who may import whom (docs/architecture.md, "Layers"), checked on the source.
+
+Imports go one way: HTTP -> rules -> the process's state -> ``store/``; the gateway, the
+executor and the runtime SDK share only the small modules at the package root and
+``upstreams/``; nothing imports the control plane's routes but the package that serves them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from import_graph import SRC, cycles, graph, imports, modules
+
+GRAPH = graph()
+
+#: The control plane's rules and state: no HTTP framework in them. (``operator`` is the operator
+#: CLI, a client of the API over HTTP, not part of the served plane.)
+CONTROL_RULES = [
+    m
+    for m in GRAPH
+    if m.startswith("haltwire.control.")
+    and not m.startswith("haltwire.control.routes")
+    and m != "haltwire.control.operator"
+]
+#: What a web framework is; rules must not import any of it.
+HTTP = ("starlette", "sse_starlette", "fastapi", "httpx2", "aiohttp", "uvicorn")
+
+#: Modules allowed past 450 lines, and why (none today).
+LONG_MODULES: dict[str, str] = {}
+
+
+def _third_party(path: Path) -> set[str]:
+    import ast
+
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_no_module_imports_itself_back_through_others() -> None:
+    assert cycles(GRAPH) == []
+
+
+def test_the_cycle_finder_finds_a_cycle(tmp_path: Path) -> None:
+    # The check above could pass by finding nothing at all: show it finds a planted circle.
+    pkg = tmp_path / "haltwire"
+    (pkg / "control").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "control" / "__init__.py").write_text("")
+    (pkg / "control" / "app.py").write_text("from haltwire.control.runs import x\n")
+    (pkg / "control" / "runs.py").write_text("def f():\n    from haltwire.control import app\n")
+    assert cycles(graph(tmp_path)) == [["haltwire.control.app", "haltwire.control.runs"]]
+
+
+@pytest.mark.parametrize("module", sorted(CONTROL_RULES))
+def test_control_rules_know_nothing_of_http(module: str) -> None:
+    path = modules()[module]
+    assert _third_party(path) & set(HTTP) == set()
+    assert not any(t.startswith("haltwire.control.routes") for t in GRAPH[module]), "rules import no route"
+
+
+def test_nothing_imports_the_routes_but_the_control_package_and_the_routes() -> None:
+    users = {
+        m
+        for m, targets in GRAPH.items()
+        if any(t.startswith("haltwire.control.routes") for t in targets)
+        and not m.startswith("haltwire.control.routes")
+    }
+    assert users == {"haltwire.control"}
+
+
+def test_the_gateway_imports_no_store_but_its_counters_and_idempotency_records() -> None:
+    for module, targets in GRAPH.items():
+        if not module.startswith("haltwire.gateway"):
+            continue
+        stores = {t for t in targets if t.startswith("haltwire.store")}
+        allowed = {t for t in stores if t.startswith(("haltwire.store.counters", "haltwire.store.idempotency"))}
+        assert stores == allowed, module
+        assert not any(t.startswith("haltwire.control") for t in targets), module
+
+
+@pytest.mark.parametrize("package", ["haltwire.runtime", "haltwire.executor"])
+def test_the_runtime_and_the_executor_use_no_gateway_or_control_plane_internals(package: str) -> None:
+    for module, targets in GRAPH.items():
+        if not module.startswith(package):
+            continue
+        # The executor reads the gateway's config file, so it reads its schema; nothing else.
+        bad = {
+            t
+            for t in targets
+            if t.startswith(("haltwire.gateway", "haltwire.control", "haltwire.store"))
+            and t != "haltwire.gateway.config"
+        }
+        assert bad == set(), module
+
+
+def test_the_store_imports_no_process() -> None:
+    for module, targets in GRAPH.items():
+        if module.startswith("haltwire.store"):
+            bad = {
+                t
+                for t in targets
+                if t.startswith(("haltwire.control", "haltwire.gateway", "haltwire.executor", "haltwire.runtime"))
+            }
+            assert bad == set(), module
+
+
+def test_a_rule_module_is_not_imported_by_the_state_it_works_on() -> None:
+    # plane.py is state: the rules take it, it never calls them.
+    rules = {f"haltwire.control.{m}" for m in ("access", "stops", "runs", "credentials", "intents", "reports")}
+    assert GRAPH["haltwire.control.plane"] & rules == set()
+
+
+def test_no_module_is_over_450_lines() -> None:
+    long = {
+        name: len(path.read_text().splitlines())
+        for name, path in modules().items()
+        if len(path.read_text().splitlines()) > 450 and name not in LONG_MODULES
+    }
+    assert long == {}
+
+
+def test_the_graph_sees_imports_inside_functions() -> None:
+    # cli.py imports each command's package inside its handler (start-up time): those count.
+    known = modules()
+    targets = {t for t, _ in imports("haltwire.cli", SRC / "haltwire" / "cli.py", known)}
+    assert "haltwire.control" in targets
