@@ -12,7 +12,7 @@ from haltwire.control.broker import Broker
 from haltwire.control.config import Caller
 from haltwire.control.errors import Refused, invalid
 from haltwire.control.plane import Plane
-from haltwire.control.runs import refuse, run_for
+from haltwire.control.runs import run_for
 from haltwire.store.credentials import CredentialRecord
 
 
@@ -30,7 +30,7 @@ async def issue(plane: Plane, caller: Caller, run_id: str, audience: str) -> tup
     if audience not in issuer.audiences:
         known = ", ".join(sorted(issuer.audiences))
         problem = invalid(f"unknown audience {audience!r}; known: {known}")
-        raise await refuse(plane, caller, "credential.issue", run_id, problem)
+        raise await plane.refuse(caller, "credential.issue", run_id, problem)
     await plane.catch_up()
     issued = issuer.issue(run, audience)
     if isinstance(issued, Refused):

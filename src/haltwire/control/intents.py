@@ -44,11 +44,6 @@ def _unknown(intent_id: str) -> Refused:
     return Refused(404, "unknown_intent", f"no intent has the id {intent_id}")
 
 
-async def _refuse(plane: Plane, caller: Caller, action: str, target: str, exc: Refused, **detail: Any) -> Refused:
-    await plane.audit(caller, action, target, "refused", exc.message, code=exc.code, **detail)
-    return exc
-
-
 def _stop_on(plane: Plane, intent: Intent) -> Stopped | None:
     verdict = plane.mirror.stops.verdict(lambda: intent.scopes, time.time())
     return verdict if isinstance(verdict, Stopped) else None  # an intent has no grant to fence
@@ -62,18 +57,18 @@ async def create(plane: Plane, caller: Caller, **fields: Any) -> tuple[Intent, b
     try:
         new = new_intent(now=time.time(), **fields)
     except ValueError as exc:
-        raise await _refuse(plane, caller, "intent.create", key, invalid(str(exc)), run_id=run_id) from None
+        raise await plane.refuse(caller, "intent.create", key, invalid(str(exc)), run_id=run_id) from None
     await plane.catch_up()
     hit = _stop_on(plane, new)
     # A repeat of a call recorded before the stop still answers what was recorded.
     if hit is not None and await store.by_key(new.agent, key) is None:
         # With its run, so the run's report shows the call the stop refused.
-        raise await _refuse(plane, caller, "intent.create", key, stopped_by(hit), run_id=run_id)
+        raise await plane.refuse(caller, "intent.create", key, stopped_by(hit), run_id=run_id)
     try:
         intent, created = await store.create(new)
     except IdempotencyConflict as exc:
         conflict = Refused(409, "idempotency_conflict", str(exc))
-        raise await _refuse(plane, caller, "intent.create", key, conflict, run_id=run_id) from None
+        raise await plane.refuse(caller, "intent.create", key, conflict, run_id=run_id) from None
     if not created:
         return intent, False
     # A stop recorded after the check but before the insert cancelled nothing of this intent:
@@ -132,10 +127,10 @@ async def decide(plane: Plane, caller: Caller, action: Decision, intent_id: str,
         else:
             intent, reason = await store.approve(intent_id, caller.name, now), "approved"
     except UnknownIntent:
-        raise await _refuse(plane, caller, audited, intent_id, _unknown(intent_id)) from None
+        raise await plane.refuse(caller, audited, intent_id, _unknown(intent_id)) from None
     except IntentStateError as exc:
         invalid_move = Refused(409, "invalid_transition", str(exc))
-        raise await _refuse(plane, caller, audited, intent_id, invalid_move) from None
+        raise await plane.refuse(caller, audited, intent_id, invalid_move) from None
     await plane.audit(caller, audited, intent_id, "ok", reason, state=intent.state, run_id=intent.run_id)
     return intent
 
@@ -190,12 +185,12 @@ async def check(plane: Plane, caller: Caller, intent_id: str) -> Intent:
         else:
             intent = await store.check(intent_id, caller.name, intent.checked_revision, time.time())
     except Refused as exc:
-        raise await _refuse(plane, caller, "intent.check", intent_id, exc) from None
+        raise await plane.refuse(caller, "intent.check", intent_id, exc) from None
     except UnknownIntent:
-        raise await _refuse(plane, caller, "intent.check", intent_id, _unknown(intent_id)) from None
+        raise await plane.refuse(caller, "intent.check", intent_id, _unknown(intent_id)) from None
     except IntentStateError as exc:
         invalid_move = Refused(409, "invalid_transition", str(exc))
-        raise await _refuse(plane, caller, "intent.check", intent_id, invalid_move) from None
+        raise await plane.refuse(caller, "intent.check", intent_id, invalid_move) from None
     await plane.audit(
         caller, "intent.check", intent_id, "ok", f"no stop at revision {intent.checked_revision}",
         run_id=intent.run_id, revision=intent.checked_revision,

@@ -14,6 +14,7 @@ import anyio
 
 from haltwire.control.broker import Broker
 from haltwire.control.config import Caller, ControlConfig
+from haltwire.control.errors import Refused
 from haltwire.control.leases import LeaseDesk
 from haltwire.control.mirror import StopMirror
 from haltwire.control.stores import Stores
@@ -82,3 +83,8 @@ class Plane:
         await self.open.audit.append(
             caller.name, caller.role, action, target, outcome, reason, detail, now=time.time()
         )
+
+    async def refuse(self, caller: Caller, action: str, target: str, exc: Refused, **detail: Any) -> Refused:
+        """Audit a refused write with its code; answers ``exc`` for the caller to raise."""
+        await self.audit(caller, action, target, "refused", exc.message, code=exc.code, **detail)
+        return exc

@@ -65,12 +65,6 @@ async def run_for(plane: Plane, caller: Caller, run_id: str, action: str, audit:
     raise problem
 
 
-async def refuse(plane: Plane, caller: Caller, action: str, target: str, exc: Refused) -> Refused:
-    """Audit a refused write with its code; answers ``exc`` for the caller to raise."""
-    await plane.audit(caller, action, target, "refused", exc.message, code=exc.code)
-    return exc
-
-
 async def register(
     plane: Plane,
     caller: Caller,
@@ -89,13 +83,13 @@ async def register(
     if agent_class not in leases.classes:
         known = ", ".join(sorted(leases.classes))
         problem = invalid(f"unknown agent_class {agent_class!r}; known: {known}")
-        raise await refuse(plane, caller, "run.register", run_id, problem)
+        raise await plane.refuse(caller, "run.register", run_id, problem)
     checkpoint = None
     if resume_from is not None:
         earlier = await stores.runs.get(resume_from)
         if earlier is None or earlier.agent != agent:
             problem = invalid(f"resume_from: {resume_from} is not a run of agent {agent}")
-            raise await refuse(plane, caller, "run.register", run_id, problem)
+            raise await plane.refuse(caller, "run.register", run_id, problem)
         checkpoint = await stores.runs.latest_checkpoint(resume_from)
     run = RunRecord(
         run_id=run_id,
@@ -111,14 +105,14 @@ async def register(
     await leases.catch_up(stores.registry)
     refusal = leases.check(run)
     if refusal is not None:  # nothing is recorded for a run that could not start
-        raise await refuse(plane, caller, "run.register", run_id, refusal)
+        raise await plane.refuse(caller, "run.register", run_id, refusal)
     try:
         await stores.runs.register(run)
     except RunExists as exc:
-        raise await refuse(plane, caller, "run.register", run_id, Refused(409, "run_exists", str(exc))) from None
+        raise await plane.refuse(caller, "run.register", run_id, Refused(409, "run_exists", str(exc))) from None
     grant = leases.grant(run)
     if isinstance(grant, Refused):  # a stop landed between the check and the grant
-        raise await refuse(plane, caller, "run.register", run_id, grant)
+        raise await plane.refuse(caller, "run.register", run_id, grant)
     await plane.audit(
         caller,
         "run.register",

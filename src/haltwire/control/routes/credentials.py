@@ -10,10 +10,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from haltwire.control import credentials
-from haltwire.control.errors import Refused
 from haltwire.control.routes.views import credential_json
-from haltwire.control.routes.wire import Body, caller, parse_body, plane_of
-from haltwire.control.runs import refuse
+from haltwire.control.routes.wire import Body, body, caller, plane_of
 from haltwire.credentials import JWKS_PATH
 
 
@@ -26,11 +24,8 @@ async def issue_credential(request: Request) -> Response:
     run_id = request.path_params["run_id"]
     who = await caller(request, "credential.issue", run_id, write=True)
     credentials.broker(plane)  # 501 before the body is read
-    try:
-        body: CredentialBody = await parse_body(request, CredentialBody)
-    except Refused as exc:
-        raise await refuse(plane, who, "credential.issue", run_id, exc) from None
-    token, record = await credentials.issue(plane, who, run_id, body.audience)
+    asked = await body(request, who, CredentialBody, "credential.issue", run_id)
+    token, record = await credentials.issue(plane, who, run_id, asked.audience)
     return JSONResponse(credential_json(token, record), status_code=201)
 
 

@@ -12,12 +12,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from haltwire.control import intents
-from haltwire.control.config import Caller
-from haltwire.control.errors import Refused, invalid
+from haltwire.control.errors import invalid
+from haltwire.control.intents import Decision
 from haltwire.control.routes.runs import MAX_BATCH, RUN_ID
 from haltwire.control.routes.views import intent_json, intents_json
-from haltwire.control.routes.wire import Body, BodyT, caller, parse_body, plane_of, query_limit
-from haltwire.control.runs import refuse
+from haltwire.control.routes.wire import Body, body, caller, plane_of, query_limit
 from haltwire.intents import STATES
 
 
@@ -63,18 +62,10 @@ class RejectBody(Body):
     reason: str = Field(min_length=1, pattern=r"\S")
 
 
-async def _body(request: Request, who: Caller, model: type[BodyT], action: str, target: str) -> BodyT:
-    """The body, or its refusal audited (with its code) and raised."""
-    try:
-        return await parse_body(request, model)
-    except Refused as exc:
-        raise await refuse(plane_of(request), who, action, target, exc) from None
-
-
 async def create_intent(request: Request) -> Response:
     who = await caller(request, "intent.create", write=True)
-    body = await _body(request, who, IntentBody, "intent.create", "")
-    intent, created = await intents.create(plane_of(request), who, **body.model_dump())
+    asked = await body(request, who, IntentBody, "intent.create")
+    intent, created = await intents.create(plane_of(request), who, **asked.model_dump())
     return JSONResponse(intent_json(intent), status_code=201 if created else 200)
 
 
@@ -102,31 +93,29 @@ async def claim_intent(request: Request) -> Response:
     return Response(status_code=204) if intent is None else JSONResponse(intent_json(intent))
 
 
-async def commit_intent(request: Request) -> Response:
+async def _decide(request: Request, action: Decision, model: type[Body] | None, said: str = "") -> Response:
+    """commit, fail, approve, reject: ``said`` names the body field the rule takes."""
     intent_id = request.path_params["intent_id"]
-    who = await caller(request, "intent.commit", intent_id, write=True)
-    body = await _body(request, who, CommitBody, "intent.commit", intent_id)
-    return JSONResponse(intent_json(await intents.decide(plane_of(request), who, "commit", intent_id, body.outcome)))
+    who = await caller(request, f"intent.{action}", intent_id, write=True)
+    asked = None if model is None else await body(request, who, model, f"intent.{action}", intent_id)
+    intent = await intents.decide(plane_of(request), who, action, intent_id, getattr(asked, said, None))
+    return JSONResponse(intent_json(intent))
+
+
+async def commit_intent(request: Request) -> Response:
+    return await _decide(request, "commit", CommitBody, "outcome")
 
 
 async def fail_intent(request: Request) -> Response:
-    intent_id = request.path_params["intent_id"]
-    who = await caller(request, "intent.fail", intent_id, write=True)
-    body = await _body(request, who, FailBody, "intent.fail", intent_id)
-    return JSONResponse(intent_json(await intents.decide(plane_of(request), who, "fail", intent_id, body.error)))
+    return await _decide(request, "fail", FailBody, "error")
 
 
 async def approve_intent(request: Request) -> Response:
-    intent_id = request.path_params["intent_id"]
-    who = await caller(request, "intent.approve", intent_id, write=True)
-    return JSONResponse(intent_json(await intents.decide(plane_of(request), who, "approve", intent_id)))
+    return await _decide(request, "approve", None)
 
 
 async def reject_intent(request: Request) -> Response:
-    intent_id = request.path_params["intent_id"]
-    who = await caller(request, "intent.reject", intent_id, write=True)
-    body = await _body(request, who, RejectBody, "intent.reject", intent_id)
-    return JSONResponse(intent_json(await intents.decide(plane_of(request), who, "reject", intent_id, body.reason)))
+    return await _decide(request, "reject", RejectBody, "reason")
 
 
 async def mark_unknown(request: Request) -> Response:

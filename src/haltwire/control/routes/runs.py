@@ -14,7 +14,7 @@ from starlette.routing import Route
 from haltwire.control import runs
 from haltwire.control.errors import Refused
 from haltwire.control.routes.views import checkpoint_json, run_json
-from haltwire.control.routes.wire import Body, caller, parse_body, plane_of, query_limit
+from haltwire.control.routes.wire import Body, body, caller, parse_body, plane_of, query_limit
 
 RUN_ID: Final = r"^[A-Za-z0-9_.:-]{1,128}$"
 MAX_BATCH: Final = 1000
@@ -51,11 +51,8 @@ async def register_run(request: Request) -> Response:
     plane = plane_of(request)
     who = await caller(request, "run.register", write=True)
     runs.desk(plane)  # 501 before the body is read
-    try:
-        body: RegisterBody = await parse_body(request, RegisterBody)
-    except Refused as exc:
-        raise await runs.refuse(plane, who, "run.register", "", exc) from None
-    done = await runs.register(plane, who, body.run_id, body.tools, body.agent_class, body.resume_from)
+    asked = await body(request, who, RegisterBody, "run.register")
+    done = await runs.register(plane, who, asked.run_id, asked.tools, asked.agent_class, asked.resume_from)
     answer = {"run": run_json(done.run), "lease": done.lease.json(), "checkpoint": checkpoint_json(done.checkpoint)}
     return JSONResponse(answer, status_code=201)
 
@@ -73,8 +70,8 @@ async def renew_leases(request: Request) -> Response:
     plane = plane_of(request)
     who = await caller(request, "lease.renew")
     runs.desk(plane)
-    body: RenewBody = await parse_body(request, RenewBody)
-    granted, refused = await runs.renew(plane, who, body.runs)
+    asked: RenewBody = await parse_body(request, RenewBody)  # a read: refusals are not audited
+    granted, refused = await runs.renew(plane, who, asked.runs)
     leases = {run_id: grant.json() for run_id, grant in granted.items()}
     return JSONResponse({"leases": leases, "refused": {run_id: r.error() for run_id, r in refused.items()}})
 
@@ -89,14 +86,11 @@ async def save_checkpoint(request: Request) -> Response:
     plane = plane_of(request)
     run_id = request.path_params["run_id"]
     who = await caller(request, "checkpoint.save", run_id, write=True)
-    try:
-        if len(await request.body()) > MAX_CHECKPOINT_BYTES:
-            raise Refused(413, "payload_too_large", f"a checkpoint is at most {MAX_CHECKPOINT_BYTES} bytes")
-        body: CheckpointBody = await parse_body(request, CheckpointBody)
-    except Refused as exc:
-        await plane.audit(who, "checkpoint.save", run_id, "refused", exc.message)
-        raise
-    return JSONResponse(asdict(await runs.save_checkpoint(plane, who, run_id, body.data)))
+    if len(await request.body()) > MAX_CHECKPOINT_BYTES:
+        too_large = Refused(413, "payload_too_large", f"a checkpoint is at most {MAX_CHECKPOINT_BYTES} bytes")
+        raise await plane.refuse(who, "checkpoint.save", run_id, too_large)
+    asked = await body(request, who, CheckpointBody, "checkpoint.save", run_id)
+    return JSONResponse(asdict(await runs.save_checkpoint(plane, who, run_id, asked.data)))
 
 
 async def latest_checkpoint(request: Request) -> Response:

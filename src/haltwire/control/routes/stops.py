@@ -22,7 +22,7 @@ from haltwire.control import stops
 from haltwire.control.access import visible_to
 from haltwire.control.errors import Refused, invalid
 from haltwire.control.routes.views import change_json, stop_json
-from haltwire.control.routes.wire import Body, caller, parse_body, plane_of
+from haltwire.control.routes.wire import Body, body, caller, plane_of
 from haltwire.sse import CAUGHT_UP
 from haltwire.store.audit import verify
 from haltwire.store.registry import RegistryUnavailable
@@ -41,12 +41,8 @@ class ClearBody(Body):
 async def issue_stop(request: Request) -> Response:
     plane = plane_of(request)
     who = await caller(request, "stop.issue", write=True)
-    try:
-        body: IssueBody = await parse_body(request, IssueBody)
-    except Refused as exc:
-        await plane.audit(who, "stop.issue", "", "refused", exc.message)
-        raise
-    stop = await stops.issue(plane, who, body.scope, body.reason, body.expires_at)
+    asked = await body(request, who, IssueBody, "stop.issue")
+    stop = await stops.issue(plane, who, asked.scope, asked.reason, asked.expires_at)
     return JSONResponse(stop_json(stop), status_code=201)
 
 
@@ -54,12 +50,8 @@ async def clear_stop(request: Request) -> Response:
     plane = plane_of(request)
     stop_id = request.path_params["stop_id"]
     who = await caller(request, "stop.clear", stop_id, write=True)
-    try:
-        body: ClearBody = await parse_body(request, ClearBody)
-    except Refused as exc:
-        await plane.audit(who, "stop.clear", stop_id, "refused", exc.message)
-        raise
-    return JSONResponse(stop_json(await stops.clear(plane, who, stop_id, body.reason)))
+    asked = await body(request, who, ClearBody, "stop.clear", stop_id)
+    return JSONResponse(stop_json(await stops.clear(plane, who, stop_id, asked.reason)))
 
 
 async def list_stops(request: Request) -> Response:

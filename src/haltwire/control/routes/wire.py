@@ -42,6 +42,15 @@ async def caller(request: Request, action: str, target: str = "", write: bool = 
     return who
 
 
+async def body(request: Request, who: Caller, model: type[BodyT], action: str, target: str = "") -> BodyT:
+    """The request's body as ``model``; a bad one is refused 422 and, being a refused write by a
+    known caller, audited."""
+    try:
+        return await parse_body(request, model)
+    except Refused as exc:
+        raise await plane_of(request).refuse(who, action, target, exc) from None
+
+
 async def parse_body(request: Request, model: type[BodyT]) -> BodyT:
     """The request's JSON body as ``model``, or ``Refused`` 422 naming every problem."""
     try:
