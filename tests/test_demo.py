@@ -8,8 +8,9 @@ import pytest
 from mcp.types import CallToolResult
 
 from haltwire import refusal
-from haltwire.demo import loop
+from haltwire.demo import loop, loop_control_plane, loop_scenarios
 from haltwire.demo.agent import Answer, decide, read_answer
+from haltwire.demo.loop_results import ScenarioResult
 
 
 def result(wire: dict[str, Any]) -> CallToolResult:
@@ -98,7 +99,7 @@ def test_a_structured_error_without_a_retryable_flag_falls_back_to_the_words() -
 # The scenarios, run for real on loopback (each starts its own upstream and gateway).
 
 
-def _check(r: loop.ScenarioResult) -> loop.ScenarioResult:
+def _check(r: ScenarioResult) -> ScenarioResult:
     assert r.error is None, r.error
     assert r.deviations == [], r.deviations
     return r
@@ -106,7 +107,7 @@ def _check(r: loop.ScenarioResult) -> loop.ScenarioResult:
 
 @pytest.mark.anyio
 async def test_1_a_terminal_refusal_stops_the_agent_at_call_21() -> None:
-    r = _check(await loop.scenario_terminal_budget())
+    r = _check(await loop_scenarios.scenario_terminal_budget())
     o = r.observed
     assert (o["ops-bot.calls"], o["ops-bot.served"], o["ops-bot.refused"]) == (21, 20, 1)
     assert o["ops-bot.stopped_by"] == "the server"
@@ -116,7 +117,7 @@ async def test_1_a_terminal_refusal_stops_the_agent_at_call_21() -> None:
 
 @pytest.mark.anyio
 async def test_2_please_try_again_runs_the_agent_to_its_own_cap() -> None:
-    r = _check(await loop.scenario_please_try_again())
+    r = _check(await loop_scenarios.scenario_please_try_again())
     o = r.observed
     assert (o["ops-bot.calls"], o["ops-bot.served"], o["ops-bot.refused"]) == (200, 20, 180)
     assert o["ops-bot.stopped_by"] == "its own 200-step cap"
@@ -126,19 +127,19 @@ async def test_2_please_try_again_runs_the_agent_to_its_own_cap() -> None:
 
 @pytest.mark.anyio
 async def test_3_the_upstream_quota_is_shared_by_everyone_on_the_key() -> None:
-    r = _check(await loop.scenario_upstream_quota())
+    r = _check(await loop_scenarios.scenario_upstream_quota())
     o = r.observed
     assert (o["ops-bot.calls"], o["ops-bot.served"], o["ops-bot.refused"]) == (200, 50, 150)
     assert o["ops-bot.stopped_by"] == "its own 200-step cap"
-    assert o["ops-bot.last.text"] == loop.QUOTA_TEXT
+    assert o["ops-bot.last.text"] == loop_scenarios.QUOTA_TEXT
     assert o["billing-bot.first.is_error"] is True
-    assert o["billing-bot.first.text"] == loop.QUOTA_TEXT
+    assert o["billing-bot.first.text"] == loop_scenarios.QUOTA_TEXT
     assert o["upstream.served"] == 50
 
 
 @pytest.mark.anyio
 async def test_4_two_in_flight_of_a_burst_of_five() -> None:
-    r = _check(await loop.scenario_in_flight())
+    r = _check(await loop_scenarios.scenario_in_flight())
     o = r.observed
     assert (o["ops-bot.served"], o["ops-bot.refused"]) == (2, 3)
     assert o["ops-bot.refused.codes"] == ["too_many_in_flight"]
@@ -149,7 +150,7 @@ async def test_4_two_in_flight_of_a_burst_of_five() -> None:
 
 @pytest.mark.anyio
 async def test_5_the_kill_switch_stops_the_sixth_call_and_lifts_on_the_same_connection() -> None:
-    r = _check(await loop.scenario_kill_switch())
+    r = _check(await loop_scenarios.scenario_kill_switch())
     o = r.observed
     assert (o["ops-bot.calls"], o["ops-bot.served"], o["ops-bot.refused"]) == (6, 5, 1)
     assert o["ops-bot.stopped_by"] == "the server"
@@ -160,7 +161,7 @@ async def test_5_the_kill_switch_stops_the_sixth_call_and_lifts_on_the_same_conn
 
 @pytest.mark.anyio
 async def test_6_a_refusal_at_the_http_gate_makes_the_client_raise_after_one_attempt() -> None:
-    r = _check(await loop.scenario_http_gate())
+    r = _check(await loop_scenarios.scenario_http_gate())
     o = r.observed
     assert o["ops-bot.last.code"] == "budget_exhausted"
     assert (o["edge-bot.calls"], o["edge-bot.served"], o["edge-bot.raised"]) == (6, 5, "MCPError")
@@ -170,7 +171,7 @@ async def test_6_a_refusal_at_the_http_gate_makes_the_client_raise_after_one_att
 
 @pytest.mark.anyio
 async def test_7_a_control_plane_stop_refuses_the_run_ends_its_lease_and_fences_it_after_the_clear() -> None:
-    r = _check(await loop.scenario_control_plane_stop())
+    r = _check(await loop_control_plane.scenario_control_plane_stop())
     o = r.observed
     assert (o["ops-bot.calls"], o["ops-bot.served"], o["ops-bot.refused"]) == (6, 5, 1)
     assert (o["ops-bot.last.code"], o["ops-bot.last.retryable"]) == ("stopped", False)
@@ -181,7 +182,7 @@ async def test_7_a_control_plane_stop_refuses_the_run_ends_its_lease_and_fences_
 
 
 def test_a_deviation_names_the_number_that_differs() -> None:
-    r = loop.ScenarioResult(1, "t", expected={"ops-bot.calls": 21}, observed={"ops-bot.calls": 22})
+    r = ScenarioResult(1, "t", expected={"ops-bot.calls": 21}, observed={"ops-bot.calls": 22})
     assert not r.ok
     assert r.deviations == ["ops-bot.calls: expected 21, got 22"]
 
@@ -197,8 +198,8 @@ def test_the_command_prints_the_report_and_exits_0(capsys: pytest.CaptureFixture
 def test_the_command_exits_1_and_names_the_scenario_that_deviated(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    async def wrong() -> loop.ScenarioResult:
-        return loop.ScenarioResult(4, "t", expected={"ops-bot.served": 2}, observed={"ops-bot.served": 3})
+    async def wrong() -> ScenarioResult:
+        return ScenarioResult(4, "t", expected={"ops-bot.served": 2}, observed={"ops-bot.served": 3})
 
     monkeypatch.setitem(loop.SCENARIOS, 4, wrong)
     assert loop.main(["--only", "4", "--json"]) == 1
