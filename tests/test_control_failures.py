@@ -26,12 +26,13 @@ import pytest
 from mcp import Client
 from psycopg import sql
 
+from haltwire.runtime import ControlClient, ControlUnreachable
 from haltwire.store.registry.postgres import DEFAULT_URL
 from haltwire.store.registry.sqlite import SqliteRegistry
-from harness import TOKENS, connect, running_gateway, running_upstream, service_missing
+from harness import TOKENS, config_dict, connect, running_gateway, running_upstream, service_missing
 from redis_process import free_port
 from tcp_proxy import TcpProxy
-from test_control import auth, control
+from test_control import TOKEN, auth, control
 from test_control import config_dict as control_config
 from test_control import issue as issue_on
 from test_gateway_stops import STALENESS_S, code_of, control_plane, gateway_config, issue, until
@@ -407,3 +408,107 @@ async def test_a_control_plane_killed_under_a_gateway_fails_closed_and_its_resta
     print(
         f"killed: refused after {took:.2f} s (staleness {STALENESS_S} s); restored {back:.2f} s after restart"
     )
+
+
+# -- e. several replicas: an enforcement point fails over without going stale ---------------------
+
+#: With two replicas: stale after 3 s, a silent replica left after 1 s (heartbeat 0.2 s).
+REPLICA_STALENESS_S = 3.0
+FAILOVER_S = 1.0
+
+
+def following(upstream: str, replicas: list[str]) -> dict[str, Any]:
+    """A gateway config whose ``[control]`` lists ``replicas``."""
+    link = {"url": replicas, "token": "tok-gateway", "staleness_s": REPLICA_STALENESS_S, "failover_s": FAILOVER_S}
+    return config_dict(upstream, control=link)
+
+
+async def codes_while(client: Client, seen: list[str | None], stop: anyio.Event) -> None:
+    """Call ``client`` in a loop until ``stop``, recording each answer's refusal code."""
+    while not stop.is_set():
+        seen.append(await code_of(client))
+        await anyio.sleep(0.02)
+
+
+async def test_a_gateway_following_two_replicas_survives_a_kill_9_of_the_one_it_follows(tmp_path: Path) -> None:
+    with registry_section("postgres", tmp_path) as registry:
+        ports = [free_port(), free_port()]
+        configs = [write_config(tmp_path / f"replica-{i}.toml", p, registry) for i, p in enumerate(ports)]
+        async with control_process(configs[0], ports[0]) as a, control_process(configs[1], ports[1]) as b:
+            await a.start()
+            await b.start()
+            async with (
+                running_upstream() as (_, up),
+                running_gateway(following(up, [a.url, b.url])) as (_, url),
+                two_agents(url) as (ops, billing),
+            ):
+                first = await issue(a.url, "agent:billing-bot")
+
+                async def held() -> bool:
+                    return await refusal_of(billing) == ("stopped", first["stop_id"])
+
+                await until(held)
+                seen: list[str | None] = []
+                done = anyio.Event()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(codes_while, ops, seen, done)
+                    await anyio.sleep(0.3)
+                    await a.kill_9()  # the replica the gateway follows
+                    killed_at = len(seen)
+                    await anyio.sleep(REPLICA_STALENESS_S + 0.5)  # past the staleness bound
+                    done.set()
+                second = await issue(b.url, "agent:ops-bot")  # through the survivor
+
+                async def pushed() -> bool:
+                    return await refusal_of(ops) == ("stopped", second["stop_id"])
+
+                await until(pushed, within=REPLICA_STALENESS_S)
+                assert await refusal_of(billing) == ("stopped", first["stop_id"]), "the earlier stop holds"
+        assert len(seen) > killed_at > 0
+        assert set(seen) == {None}, f"ops-bot was refused {set(seen) - {None}} after the kill"
+        print(f"ops-bot served {len(seen)} times, {len(seen) - killed_at} after the kill -9 of the followed replica")
+
+
+async def test_a_silent_replica_is_left_before_the_gateway_goes_stale(tmp_path: Path) -> None:
+    # Two control planes on one SQLite file are replicas too: each re-reads the file once a
+    # heartbeat, so a stop through one reaches watchers of the other.
+    db = tmp_path / "control.db"
+    async with (
+        control_plane(db) as first,
+        control_plane(db) as second,
+        TcpProxy.running(int(first.rsplit(":", 1)[1])) as proxy,
+        running_upstream() as (_, up),
+        running_gateway(following(up, [proxy.url, second])) as (_, url),
+        two_agents(url) as (ops, billing),
+    ):
+        assert await code_of(ops) is None
+        seen: list[str | None] = []
+        done = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(codes_while, ops, seen, done)
+            proxy.block()  # no FIN, no RST: the followed replica just goes quiet
+            await anyio.sleep(REPLICA_STALENESS_S + 0.5)
+            stop = await issue(second, "agent:billing-bot")
+
+            async def held() -> bool:
+                return await refusal_of(billing) == ("stopped", stop["stop_id"])
+
+            await until(held, within=REPLICA_STALENESS_S)
+            done.set()
+        proxy.unblock()
+    assert seen and set(seen) == {None}, f"ops-bot was refused {set(seen) - {None}} while a replica was silent"
+
+
+async def test_clients_of_the_control_plane_skip_a_replica_that_cannot_be_reached(tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: the connection is refused
+    async with control_plane(tmp_path / "control.db") as live:
+        async with httpx2.AsyncClient(timeout=5) as http:
+            r = await http.post(f"{live}/v1/stops", json={"scope": "tool:x", "reason": "r"}, headers=auth("operator"))
+            assert r.status_code == 201
+        async with ControlClient([dead, live], TOKEN["operator"]) as client:
+            stops = await client._call("GET", "/v1/stops")
+            assert [s["scope"] for s in stops["stops"]] == ["tool:x"]
+            assert client.url == live.rstrip("/"), "the replica that answered is kept"
+        async with ControlClient([dead], TOKEN["operator"]) as client:
+            with pytest.raises(ControlUnreachable, match="no replica could be reached"):
+                await client._call("GET", "/v1/stops")

@@ -77,7 +77,7 @@ def _executor(args: argparse.Namespace) -> int:
         if config.executor is None:
             raise ConfigError(f"{args.config}: executor: the section is missing (the executor's token)")
         assert config.control is not None  # the config requires it with [executor]
-        control_url = config.control.url
+        control_url = ", ".join(config.control.urls)
         config.executor.resolve_token()
     except ConfigError as exc:
         print(f"haltwire executor: {exc}", file=sys.stderr)

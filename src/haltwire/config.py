@@ -116,12 +116,48 @@ class ControlLink(BearerToken):
     ``token`` / ``token_env``: the gateway-role bearer token (plain only with
     ``gateway.development = true``)."""
 
-    url: str = Field(min_length=1)
+    #: The control plane: one URL, or a list of its replicas' URLs (followed one at a time).
+    url: str | list[str]
     #: With nothing heard for this long, every call is refused ``registry_unreachable``.
     #: It must exceed the control plane's ``heartbeat_s``.
     staleness_s: float = Field(default=15.0, gt=0)
+    #: With several URLs: a watch silent this long is left for the next replica, so a hung
+    #: replica is replaced before the gateway goes stale. Default: half of ``staleness_s``; it
+    #: must exceed the control plane's ``heartbeat_s`` too.
+    failover_s: float | None = Field(default=None, gt=0)
     #: Start-up: how long to wait for the control plane and the replay of its stops.
     connect_timeout_s: float = Field(default=15.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _urls(cls, url: str | list[str]) -> str | list[str]:
+        urls = [url] if isinstance(url, str) else url
+        if not urls or any(not u.strip() for u in urls):
+            raise ValueError("give the control plane's URL, or a non-empty list of its replicas' URLs")
+        if len(set(urls)) != len(urls):
+            raise ValueError("the replicas' URLs must be unique")
+        return url
+
+    @model_validator(mode="after")
+    def _failover_within_staleness(self) -> Self:
+        if self.failover_s is not None and self.failover_s >= self.staleness_s:
+            raise ValueError(
+                f"failover_s ({self.failover_s:g}) must be below staleness_s ({self.staleness_s:g}): "
+                "a replica is left before the stops go stale"
+            )
+        return self
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        return (self.url,) if isinstance(self.url, str) else tuple(self.url)
+
+    @property
+    def silence_s(self) -> float:
+        """How long a watch may hear nothing before it is abandoned: the staleness bound with one
+        replica (there is nowhere else to go), ``failover_s`` with several."""
+        if len(self.urls) == 1:
+            return self.staleness_s
+        return self.failover_s if self.failover_s is not None else self.staleness_s / 2
 
 
 class LeaseKeyConfig(ConfigModel):

@@ -27,6 +27,7 @@ import httpx2
 
 from haltwire.config import ControlLink
 from haltwire.errors import describe
+from haltwire.replicas import Replicas
 from haltwire.sse import CAUGHT_UP, sse_events
 from haltwire.stops import ChangeKind, StopRecord, StopSet
 
@@ -50,7 +51,8 @@ class StopWatch:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.link = link
-        self.url = link.url.rstrip("/")
+        #: The replicas followed: one at a time, the next when it fails or falls silent.
+        self.replicas = Replicas(link.urls)
         self._token = link.resolve_token()
         self._monotonic = monotonic
         #: Whose time a stop's expiry is judged by.
@@ -88,7 +90,14 @@ class StopWatch:
     def _heard(self) -> None:
         self.last_heard = self._monotonic()
 
-    async def _follow(self, http: httpx2.AsyncClient, task_status: anyio.abc.TaskStatus[None]) -> None:
+    @property
+    def url(self) -> str:
+        """The replica followed now."""
+        return self.replicas.current
+
+    async def _follow(
+        self, http: httpx2.AsyncClient, url: str, task_status: anyio.abc.TaskStatus[None]
+    ) -> None:
         """One connection: stream events until it fails or ends.
 
         Nothing counts as heard until the control plane's ``caught-up`` comment, which it
@@ -96,7 +105,7 @@ class StopWatch:
         must not make a gateway that lacks the stops issued during an outage look fresh.
         """
         headers = {"Authorization": f"Bearer {self._token}", "Last-Event-ID": str(self.revision)}
-        async with http.stream("GET", f"{self.url}/v1/watch", headers=headers) as response:
+        async with http.stream("GET", f"{url}/v1/watch", headers=headers) as response:
             response.raise_for_status()
             caught_up = False
             async for event in sse_events(response.aiter_lines()):
@@ -116,31 +125,40 @@ class StopWatch:
         raise ControlUnreachable("the watch stream ended")
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Follow the watch stream for the gateway's lifetime, reconnecting with a backoff.
+        """Follow the watch stream for the owner's lifetime, reconnecting with a backoff.
 
-        Reports started once the stops issued before start-up are applied. A failure before
-        that is raised (a start-up error); after it, each failure is logged and retried.
+        Reports started once the stops issued before start-up are applied. A failure moves to
+        the next replica at once; only when every replica has failed in a row does it wait,
+        doubling the wait while the stops are stale. Before start-up, every replica failing
+        once is raised (a start-up error); after it, each failure is logged and retried.
         """
-        # A silent connection (no event, no heartbeat) for staleness_s is a dead one.
-        timeout = httpx2.Timeout(10.0, read=self.link.staleness_s)
+        # A silent connection (no event, no heartbeat) for silence_s is a dead one.
+        timeout = httpx2.Timeout(10.0, read=self.link.silence_s)
         delay = RECONNECT_MIN_S
+        failures = 0  # in a row, on any replica
         async with httpx2.AsyncClient(timeout=timeout) as http:
             while True:
+                url, heard = self.replicas.current, self.last_heard
                 try:
-                    await self._follow(http, task_status)
+                    await self._follow(http, url, task_status)
                 except Exception as exc:
-                    if not self.ready:
-                        raise  # never started: a start-up error for the caller
+                    # A stream that was heard from was a good one: count afresh from it.
+                    failures = 1 if self.last_heard != heard else failures + 1
+                    self.replicas.failed(url)
+                    if not self.ready and failures >= len(self.replicas):
+                        raise  # never started, on any replica: a start-up error for the caller
                     log.error(
-                        "control plane %s: watch failed (%s); reconnecting in %.1f s",
-                        self.url,
+                        "control plane %s: watch failed (%s); following %s",
+                        url,
                         describe(exc),
-                        delay,
+                        self.replicas.current,
                     )
-                task_status = anyio.TASK_STATUS_IGNORED
+                if self.ready:
+                    task_status = anyio.TASK_STATUS_IGNORED
+                if failures < len(self.replicas):
+                    continue  # another replica has not been tried since the last good stream
                 await anyio.sleep(delay)
                 delay = min(delay * 2, RECONNECT_MAX_S) if not self.current() else RECONNECT_MIN_S
-
 
     async def start(self, tg: anyio.abc.TaskGroup) -> None:
         try:

@@ -38,7 +38,7 @@ async def run_executor(
         async with AsyncExitStack() as stack:
             upstreams = Upstreams(config.upstreams)
             await upstreams.connect(stack)
-            control = await stack.enter_async_context(IntentClient(config.control.url, token))
+            control = await stack.enter_async_context(IntentClient(config.control.urls, token))
             executor = Executor(
                 control, upstreams, config.executor, deadline_s=config.labels.irreversible_deadline_s
             )

@@ -37,6 +37,7 @@ from haltwire.gateway.idempotency import client_key, derived_key
 from haltwire.identity import Identity
 from haltwire.meta import KEY_META, LABEL_META
 from haltwire.refusal import Refusal
+from haltwire.replicas import ReplicaHttp, Unreachable
 from haltwire.upstreams.labels import Label
 
 log = logging.getLogger("haltwire.gateway")
@@ -88,11 +89,7 @@ class IntentDesk:
         self.link = link
         # (upstream, its tool name) pairs whose intents wait for an operator.
         self._approval = frozenset((u.name, t) for u in upstreams for t in u.approval)
-        self._http = httpx2.AsyncClient(
-            base_url=link.url.rstrip("/"),
-            headers={"Authorization": f"Bearer {link.resolve_token()}"},
-            timeout=CONTROL_TIMEOUT_S,
-        )
+        self._http = ReplicaHttp(link.urls, link.resolve_token(), CONTROL_TIMEOUT_S)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -127,7 +124,6 @@ class IntentDesk:
         ``exposed`` (the name stops and the agent know). Raises ``InvalidKey`` for a malformed
         client key, as for bounded tools.
         """
-        http = self._http
         key = client_key(meta)
         if key is None:
             key = derived_key(identity.agent, run, exposed, arguments)
@@ -144,10 +140,10 @@ class IntentDesk:
         }
         try:
             with anyio.fail_after(min(deadline_s, CONTROL_TIMEOUT_S)):
-                response = await http.post("/v1/intents", json=body)
-        except (TimeoutError, httpx2.HTTPError) as exc:
+                response = await self._http.request("POST", "/v1/intents", json=body)
+        except (TimeoutError, Unreachable) as exc:
             # Possibly recorded: a retry with the same key answers that intent, never a second one.
-            log.warning("control plane %s: recording an intent failed: %s", http.base_url, describe(exc))
+            log.warning("control plane: recording an intent failed: %s", describe(exc))
             return _with_meta(refusal.registry_unreachable(), tag)
         answer = _json(response)
         if response.status_code in (200, 201) and isinstance(answer, dict):
@@ -160,8 +156,8 @@ class IntentDesk:
         if response.status_code == 409 and code == "stopped":
             stopped = refusal.stopped(str(error["scope"]), str(error["stop_id"]), str(error["reason"]))
             return _with_meta(stopped, tag)
-        if response.status_code >= 500 or not isinstance(answer, dict):
-            log.warning("control plane %s: recording an intent: HTTP %d", http.base_url, response.status_code)
+        if not isinstance(answer, dict):
+            log.warning("control plane: recording an intent: HTTP %d without a JSON body", response.status_code)
             return _with_meta(refusal.registry_unreachable(), tag)
         log.error("control plane refused an intent: HTTP %d %s", response.status_code, error)
         return _with_meta(_control_refusal(answer, response.status_code), tag)
@@ -175,15 +171,15 @@ class IntentDesk:
             return refusal.invalid_intent_id(MAX_INTENT_ID_CHARS)
         try:
             with anyio.fail_after(min(deadline_s, CONTROL_TIMEOUT_S)):
-                response = await self._http.get(f"/v1/intents/{quote(intent_id, safe='')}")
-        except (TimeoutError, httpx2.HTTPError) as exc:
+                response = await self._http.request("GET", f"/v1/intents/{quote(intent_id, safe='')}")
+        except (TimeoutError, Unreachable) as exc:
             log.warning("control plane: reading intent %s failed: %s", intent_id, describe(exc))
             return refusal.registry_unreachable()
         answer = _json(response)
         if response.status_code == 404:
             return refusal.unknown_intent(intent_id)
         if response.status_code != 200 or not isinstance(answer, dict):
-            if response.status_code >= 500 or not isinstance(answer, dict):
+            if not isinstance(answer, dict):
                 return refusal.registry_unreachable()
             return refusal.intent_unreadable(intent_id)
         if answer.get("agent") != identity.agent:

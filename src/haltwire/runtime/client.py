@@ -17,6 +17,7 @@ from typing import Any, Self
 
 import httpx2
 
+from haltwire.replicas import ReplicaHttp, Unreachable
 from haltwire.sse import sse_events
 from haltwire.tokens import Grant
 
@@ -53,15 +54,20 @@ class Renewals:
 
 
 class ControlClient:
-    """``async with ControlClient(url, token) as control: ...`` (an agent-role token)."""
+    """``async with ControlClient(url, token) as control: ...`` (an agent-role token).
 
-    def __init__(self, url: str, token: str, *, timeout_s: float = 5.0) -> None:
-        self.url = url.rstrip("/")
-        self._http = httpx2.AsyncClient(
-            base_url=self.url,
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=httpx2.Timeout(timeout_s),
-        )
+    ``url`` is the control plane's URL, or a list of its replicas' URLs: requests go to the
+    replica that answered last, and one that fails is left for the next (``haltwire.replicas``).
+    """
+
+    def __init__(self, url: str | Sequence[str], token: str, *, timeout_s: float = 5.0) -> None:
+        self._http = ReplicaHttp(url, token, httpx2.Timeout(timeout_s))
+        self.replicas = self._http.replicas
+
+    @property
+    def url(self) -> str:
+        """The replica in use."""
+        return self.replicas.current
 
     async def __aenter__(self) -> Self:
         return self
@@ -77,11 +83,8 @@ class ControlClient:
     ) -> Any:
         try:
             r = await self._http.request(method, path, json=body, params=params)
-        except httpx2.HTTPError as exc:
-            raise ControlUnreachable(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
-        # 501 is an answer (this control plane does not offer it), not an outage.
-        if r.status_code >= 500 and r.status_code != 501:
-            raise ControlUnreachable(f"{method} {path}: HTTP {r.status_code}")
+        except Unreachable as exc:
+            raise ControlUnreachable(str(exc)) from exc
         if r.status_code == 204:
             return None
         try:
@@ -152,14 +155,18 @@ class ControlClient:
         (from the last revision it saw).
         """
         headers = {"Last-Event-ID": str(since)}
+        url = self.replicas.current
         try:
-            async with self._http.stream(
-                "GET", "/v1/watch", headers=headers, timeout=httpx2.Timeout(10.0, read=silence_s)
+            async with self._http.http.stream(
+                "GET", f"{url}/v1/watch", headers=headers, timeout=httpx2.Timeout(10.0, read=silence_s)
             ) as response:
                 if response.status_code != 200:
                     raise ControlUnreachable(f"GET /v1/watch: HTTP {response.status_code}")
                 async for event in sse_events(response.aiter_lines()):
                     if event.kind in ("stop", "clear"):
                         yield event.kind, json.loads(event.data)
-        except httpx2.HTTPError as exc:
+        except (httpx2.HTTPError, ControlUnreachable) as exc:
+            self.replicas.failed(url)  # the caller's next watch follows the next replica
+            if isinstance(exc, ControlUnreachable):
+                raise
             raise ControlUnreachable(f"GET /v1/watch: {type(exc).__name__}: {exc}") from exc
