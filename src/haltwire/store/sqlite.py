@@ -1,8 +1,9 @@
 """The SQLite backend of the SQL stores: one stdlib ``sqlite3`` connection per store.
 
 WAL mode with ``synchronous=FULL``: a write that returned is on disk and survives the process
-being killed (and the machine losing power). Each statement runs in a worker thread, under one
-lock per connection, so a transaction's statements are never interleaved with another's.
+being killed (and the machine losing power). A statement runs in a worker thread, under one lock
+per connection, so a transaction's statements are never interleaved with another's; inside a
+write transaction only BEGIN and COMMIT do (``SqliteDb.write``).
 """
 
 from __future__ import annotations
@@ -30,9 +31,14 @@ class _SqliteTx(Tx):
         self._tables = tables
         self._names = _names(tables)
 
+        #: Inside a write transaction: statements run on the event loop's thread (see ``write``).
+        self.inline = False
+
     async def all(self, query: str, params: Params = ()) -> list[Row]:
         text = query.format(**self._names)
         try:
+            if self.inline:
+                return self._conn.execute(text, params).fetchall()
             return await anyio.to_thread.run_sync(lambda: self._conn.execute(text, params).fetchall())
         except sqlite3.Error as exc:
             raise self._tables.failed(exc) from exc
@@ -84,12 +90,19 @@ class SqliteDb(Db):
     async def write(self, lock: str | None = None) -> AsyncIterator[Tx]:
         # IMMEDIATE takes the file's write lock before the first read: no writer, in any
         # process, comes between what the transaction reads and what it writes.
+        # Only BEGIN (it may wait for another process's write lock) and COMMIT (it syncs the
+        # file) go to a worker thread; the statements between them hold the write lock and only
+        # touch the page cache, so they run inline: one thread hop per statement cost a stop
+        # and its audit record 80% more time.
         async with self._alone() as tx:
             await tx.execute("BEGIN IMMEDIATE")
             try:
+                tx.inline = True
                 yield tx
+                tx.inline = False
                 await tx.execute("COMMIT")
             except BaseException:
+                tx.inline = False
                 with anyio.CancelScope(shield=True), contextlib.suppress(RegistryUnavailable):
                     await tx.execute("ROLLBACK")
                 raise
