@@ -1,247 +1,116 @@
-"""Connection plumbing shared by the SQL stores (the registry and the audit log).
+"""What every SQL store shares, so that a store's logic is written once for both backends.
 
-``SqliteConnection``: one stdlib ``sqlite3`` connection in WAL mode with ``synchronous=FULL``,
-used from a worker thread under one lock. ``PostgresConnection``: one psycopg connection under
-one lock, replaced on next use after it breaks. Both raise ``RegistryUnavailable`` for any
-driver failure; ``what`` names the store in messages ("registry", "audit log") and ``store``
-prefixes failures ("registry store failed: ...").
+A store's logic (``store/<name>/tables.py``) runs its queries on a ``Db``: ``all`` / ``one`` /
+``execute`` for one statement on its own, ``write()`` for a transaction. Its query texts are
+written once, with ``?`` placeholders and ``{name}`` for its tables and for the clauses whose
+text differs by backend (``CLAUSES``); each ``Db`` binds them its own way. A backend module
+(``store/<name>/sqlite.py``, ``postgres.py``) is then one class: the logic, opened by
+``haltwire.store.sqlite.SqliteStore`` or ``haltwire.store.postgres.PostgresStore``.
+
+Every driver failure raises ``RegistryUnavailable`` naming the store ("runs store failed: ...").
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from pathlib import Path
-from typing import Any, TypeVar
-
-import anyio
-import anyio.to_thread
-import psycopg
-from psycopg import sql
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from haltwire.store.registry import RegistryUnavailable
 
-T = TypeVar("T")
-log = logging.getLogger("haltwire.store")
-_LISTEN_RETRY_MIN_S = 0.2
-_LISTEN_RETRY_MAX_S = 5.0
-PgConn = psycopg.AsyncConnection[tuple[Any, ...]]
+Row = tuple[Any, ...]
+Params = Sequence[object]
+
+#: The clauses whose text differs by backend, SQLite's first. SQLite takes no row locks: its
+#: write transaction already excludes every other writer; its INTEGER PRIMARY KEY is the
+#: 64-bit rowid itself, PostgreSQL's INTEGER only 32 bits.
+CLAUSES = {
+    "for_update": ("", "FOR UPDATE"),
+    "skip_locked": ("", "FOR UPDATE SKIP LOCKED"),
+    "integer_key": ("INTEGER PRIMARY KEY", "BIGINT PRIMARY KEY"),
+}
 
 
-class SqliteConnection:
-    """Open with ``await SqliteConnection.open(path, schema_script, what=..., store=...)``."""
+@dataclass(frozen=True, slots=True)
+class Tables:
+    """One store's tables: its name in failures and lock names (``store``), in messages
+    (``what``: "the run store is closed"), its table names, and their DDL."""
 
-    def __init__(self, conn: sqlite3.Connection, what: str, store: str) -> None:
-        self._conn: sqlite3.Connection | None = conn
-        self._lock = anyio.Lock()
-        self._what = what
-        self._store = store
+    store: str
+    what: str
+    names: tuple[str, ...]
+    ddl: Sequence[str]
 
-    @classmethod
-    async def open(cls, path: str | Path, schema: str, *, what: str, store: str) -> SqliteConnection:
-        def connect() -> sqlite3.Connection:
-            conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=10.0)
-            try:
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=FULL")
-                conn.executescript(schema)
-            except BaseException:
-                conn.close()
-                raise
-            return conn
+    def failed(self, exc: Exception) -> RegistryUnavailable:
+        return RegistryUnavailable(f"{self.store} store failed: {exc}")
 
-        try:
-            return cls(await anyio.to_thread.run_sync(connect), what, store)
-        except sqlite3.Error as exc:
-            raise RegistryUnavailable(f"cannot open the {what} at {path}: {exc}") from exc
-
-    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(conn)`` in a worker thread under the lock."""
-        async with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise RegistryUnavailable(f"the {self._what} is closed")
-            try:
-                return await anyio.to_thread.run_sync(fn, conn)
-            except sqlite3.Error as exc:
-                raise RegistryUnavailable(f"{self._store} store failed: {exc}") from exc
-
-    async def aclose(self) -> None:
-        async with self._lock:
-            conn, self._conn = self._conn, None
-            if conn is not None:
-                await anyio.to_thread.run_sync(conn.close)
+    def closed(self) -> RegistryUnavailable:
+        return RegistryUnavailable(f"the {self.what} is closed")
 
 
-@contextlib.contextmanager
-def immediate(conn: sqlite3.Connection) -> Iterator[None]:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT``, or ``ROLLBACK`` on any error."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
+def row_of(record: object, columns: Sequence[str], **encode: Callable[[Any], object]) -> tuple[object, ...]:
+    """``record``'s attributes named by ``columns``, in that order, each through its ``encode``."""
+    return tuple(encode[c](getattr(record, c)) if c in encode else getattr(record, c) for c in columns)
 
 
-class PostgresConnection:
-    """Open with ``await PostgresConnection.open(url, schema, ...)``; the schema is created if missing."""
+class Statements(ABC):
+    @abstractmethod
+    async def all(self, query: str, params: Params = ()) -> list[Row]:
+        """Every row the statement answers (none for a statement that answers none)."""
 
-    def __init__(
-        self, url: str, connect_timeout: float, application_name: str, *, what: str, store: str
-    ) -> None:
-        self._url = url
-        self._application_name = application_name
-        self._timeout = connect_timeout
-        self._what = what
-        self._store = store
-        self._conn: PgConn | None = None
-        self._closed = False
-        self._lock = anyio.Lock()
+    async def one(self, query: str, params: Params = ()) -> Row | None:
+        # Every row is read: SQLite ends a RETURNING statement only once read to the end.
+        rows = await self.all(query, params)
+        return rows[0] if rows else None
 
-    @classmethod
-    async def open(
-        cls,
-        url: str,
-        schema: str,
-        connect_timeout: float,
-        application_name: str,
-        *,
-        lock_key: sql.Composed,
-        ddl: list[sql.Composed],
-        what: str,
-        store: str,
-    ) -> PostgresConnection:
-        """Connect, then create ``schema`` and run ``ddl`` in one transaction under ``lock_key``."""
-        db = cls(url, connect_timeout, application_name, what=what, store=store)
-        async with db.transaction(lock_key) as conn:
-            await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-            for statement in ddl:
-                await conn.execute(statement)
-        return db
+    async def execute(self, query: str, params: Params = ()) -> None:
+        await self.all(query, params)
 
-    async def _connection(self) -> PgConn:
-        if self._closed:
-            raise RegistryUnavailable(f"the {self._what} is closed")
-        if self._conn is None or self._conn.broken or self._conn.closed:
-            self._conn = await psycopg.AsyncConnection.connect(
-                self._url,
-                autocommit=True,
-                connect_timeout=max(1, round(self._timeout)),
-                application_name=self._application_name,
-            )
-        return self._conn
 
-    @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[PgConn]:
-        """The connection, held under the lock; driver failures become ``RegistryUnavailable``."""
-        async with self._lock:
-            try:
-                with anyio.fail_after(self._timeout * 2):
-                    yield await self._connection()
-            except (psycopg.Error, OSError, TimeoutError) as exc:
-                await self._discard()  # its state is unknown: the next call reconnects
-                raise RegistryUnavailable(f"{self._store} store failed: {exc}") from exc
+class Tx(Statements):
+    """Statements in one write transaction: committed when its block ends, else rolled back."""
 
-    @contextlib.asynccontextmanager
-    async def transaction(self, lock_key: sql.Composed) -> AsyncIterator[PgConn]:
-        """A transaction that first takes the advisory transaction lock ``lock_key``."""
-        async with self.connection() as conn, conn.transaction():
-            await conn.execute(lock_key)
-            yield conn
+    @abstractmethod
+    async def lock(self, name: str, *parts: str) -> None:
+        """Until the transaction ends, exclude every other transaction taking the same lock."""
 
-    async def fetchall(self, query: sql.Composed, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
-        async with self.connection() as conn:
-            return await (await conn.execute(query, params)).fetchall()
+    @abstractmethod
+    async def notify(self, payload: str) -> None:
+        """At commit, wake every process following this store's writes (``Db.follow``)."""
 
-    async def listen(self, channel: str, on_notify: Callable[[], None]) -> None:
-        """Call ``on_notify`` for every NOTIFY on ``channel``, for as long as the caller's task runs.
 
-        A separate connection (LISTEN holds it). After it breaks, it reconnects with a backoff
-        and calls ``on_notify`` once listening again, since a NOTIFY sent while no one
-        listened is lost. It ends when cancelled (by its owner's task group) or once closed.
-        """
-        delay = _LISTEN_RETRY_MIN_S
-        while not self._closed:
-            try:
-                conn = await psycopg.AsyncConnection.connect(
-                    self._url,
-                    autocommit=True,
-                    connect_timeout=max(1, round(self._timeout)),
-                    application_name=f"{self._application_name}-listen",
-                )
-                async with conn:
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-                    delay = _LISTEN_RETRY_MIN_S
-                    on_notify()
-                    async for _ in conn.notifies():
-                        on_notify()
-            except (psycopg.Error, OSError) as exc:
-                log.warning("%s: LISTEN %s failed (%s); retrying in %.1f s", self._what, channel, exc, delay)
-            await anyio.sleep(delay)
-            delay = min(delay * 2, _LISTEN_RETRY_MAX_S)
+class Db(Statements):
+    """A store's connection. ``all`` / ``one`` / ``execute``: one statement, atomic on its own."""
 
-    async def _discard(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with anyio.CancelScope(shield=True), contextlib.suppress(psycopg.Error, OSError):
-                await conn.close()
+    @abstractmethod
+    def _alone(self) -> AbstractAsyncContextManager[Statements]:
+        """The connection, held for one statement outside any transaction."""
+
+    @abstractmethod
+    def write(self, lock: str | None = None) -> AbstractAsyncContextManager[Tx]:
+        """A write transaction that first takes ``lock`` (``Tx.lock``), if given."""
+
+    @abstractmethod
+    async def follow(self, on_change: Callable[[], None]) -> None:
+        """Call ``on_change`` whenever another process may have written; runs until cancelled."""
+
+    @abstractmethod
+    async def aclose(self) -> None: ...
+
+    async def all(self, query: str, params: Params = ()) -> list[Row]:
+        async with self._alone() as statements:
+            return await statements.all(query, params)
+
+
+class Store:
+    """A store's logic over its ``Db``: what both backends of the store share."""
+
+    TABLES: ClassVar[Tables]
+
+    def __init__(self, db: Db) -> None:
+        self._db = db
 
     async def aclose(self) -> None:
-        async with self._lock:
-            self._closed = True
-            await self._discard()
-
-
-def table_queries(table: sql.Identifier, lock_name: str, texts: dict[str, str]) -> dict[str, sql.Composed]:
-    """Each query text with ``{t}`` bound to ``table`` and ``{name}`` to the advisory lock's name."""
-    return {name: sql.SQL(text).format(t=table, name=sql.Literal(lock_name)) for name, text in texts.items()}
-
-
-#: A transaction-scoped advisory lock; ``{name}`` is bound to a literal.
-ADVISORY_LOCK = "SELECT pg_advisory_xact_lock(hashtext({name}))"
-
-
-def advisory_lock(name: str) -> sql.Composed:
-    return sql.SQL(ADVISORY_LOCK).format(name=sql.Literal(name))
-
-
-class SharedQueries:
-    """Query texts a PostgreSQL store shares with its SQLite twin (``?`` placeholders,
-    ``{name}`` placeholders for tables and clauses), bound for psycopg in one schema."""
-
-    def __init__(self, schema: str, names: Mapping[str, sql.Composable]) -> None:
-        self.schema = schema
-        self._names = names
-
-    def bind(self, text: str) -> sql.Composed:
-        return sql.SQL(text.replace("?", "%s")).format(**self._names)
-
-    def bind_all(self, texts: Mapping[str, str]) -> dict[str, sql.Composed]:
-        return {name: self.bind(text) for name, text in texts.items()}
-
-    async def connect(
-        self,
-        url: str,
-        connect_timeout: float,
-        application_name: str,
-        *,
-        ddl: Sequence[str],
-        what: str,
-        store: str,
-    ) -> PostgresConnection:
-        """Connect and create the schema and ``ddl``, under a lock named for the store and the
-        schema: replicas starting together must not race ``CREATE INDEX``."""
-        return await PostgresConnection.open(
-            url,
-            self.schema,
-            connect_timeout,
-            application_name,
-            lock_key=advisory_lock(f"haltwire.{store}:{self.schema}"),
-            ddl=[self.bind(statement) for statement in ddl],
-            what=what,
-            store=store,
-        )
+        await self._db.aclose()

@@ -3,19 +3,22 @@
 Each record carries ``prev_hash`` (the previous record's ``hash``; 64 zeros for seq 1) and its
 own ``hash``: the SHA-256 hex of the canonical JSON of every other field. So each record
 commits to the one before it, and ``verify`` finds a changed, removed or reordered record.
-A backend is one module implementing ``AuditLog``; the shared helpers live here. Store
-failures raise the registry's ``RegistryUnavailable``: callers fail closed the same way.
+The DDL, the queries (``?`` placeholders, ``{audit}`` for the table) and the row helpers are
+written once here; ``tables.SqlAuditLog`` is the log over either SQL backend. Store failures
+raise the registry's ``RegistryUnavailable``: callers fail closed the same way.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Protocol, cast
+from typing import Any, Final, Literal, cast
 
 from haltwire.store.registry import RegistryUnavailable
+from haltwire.store.sql import row_of
 
 Outcome = Literal["ok", "refused"]
 
@@ -38,6 +41,8 @@ COLUMNS = (
 )
 
 Row = Sequence[Any]
+#: An append's fields, validated: actor, role, action, target, outcome, reason, detail.
+Fields = tuple[str, str, str, str, Outcome, str, Mapping[str, Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +68,10 @@ class VerifyResult:
     problem: str | None = None
 
 
-class AuditLog(Protocol):
+class AuditLog(ABC):
+    """The log. ``append`` validates a request once, for every backend, before the store is
+    touched; a backend writes the record (``_append``) and reads them (``records``)."""
+
     async def append(
         self,
         actor: str,
@@ -77,14 +85,20 @@ class AuditLog(Protocol):
         now: float,
     ) -> AuditRecord:
         """Append one record with the next seq, chained to the latest record."""
-        ...
+        outcome = checked_append(actor, action, outcome, detail, now)
+        return await self._append((actor, role, action, target, outcome, reason, detail), now)
 
+    @abstractmethod
+    async def _append(self, fields: Fields, now: float) -> AuditRecord:
+        """Write ``new_record`` after the latest record, in one transaction."""
+
+    @abstractmethod
     async def records(
         self, *, since_seq: int = 0, target: str | None = None, limit: int | None = None
     ) -> list[AuditRecord]:
         """Records with a seq strictly greater than ``since_seq``, ascending."""
-        ...
 
+    @abstractmethod
     async def aclose(self) -> None: ...
 
 
@@ -142,14 +156,47 @@ def verify(records: Iterable[AuditRecord]) -> VerifyResult:
     return VerifyResult(True, checked)
 
 
-# -- helpers shared by the backends ------------------------------------------------------------
+# -- shared by the backends --------------------------------------------------------------------
+
+_COLS = ", ".join(COLUMNS)
+
+DDL: Final = (
+    """CREATE TABLE IF NOT EXISTS {audit} (
+    seq       {integer_key},
+    at        DOUBLE PRECISION NOT NULL,
+    actor     TEXT NOT NULL,
+    role      TEXT NOT NULL,
+    action    TEXT NOT NULL,
+    target    TEXT NOT NULL,
+    outcome   TEXT NOT NULL CHECK (outcome IN ('ok', 'refused')),
+    reason    TEXT NOT NULL,
+    detail    TEXT NOT NULL,
+    prev_hash TEXT NOT NULL,
+    hash      TEXT NOT NULL
+)""",
+    "CREATE INDEX IF NOT EXISTS audit_by_target ON {audit} (target, seq)",
+)
+
+QUERIES: Final = {
+    "insert": f"INSERT INTO {{audit}} ({_COLS}) VALUES ({', '.join('?' for _ in COLUMNS)})",
+    "last": "SELECT seq, hash FROM {audit} ORDER BY seq DESC LIMIT 1",
+}
 
 
-def new_record(
-    last: Row | None,
-    fields: tuple[str, str, str, str, Outcome, str, Mapping[str, Any]],
-    now: float,
-) -> AuditRecord:
+def records_query(since_seq: int, target: str | None, limit: int | None) -> tuple[str, list[object]]:
+    """The ``records`` query text (``{audit}`` unbound) and its parameters."""
+    text, params = f"SELECT {_COLS} FROM {{audit}} WHERE seq > ?", list[object]([since_seq])
+    if target is not None:
+        text += " AND target = ?"
+        params.append(target)
+    text += " ORDER BY seq"
+    if limit is not None:
+        text += " LIMIT ?"
+        params.append(max(0, limit))
+    return text, params
+
+
+def new_record(last: Row | None, fields: Fields, now: float) -> AuditRecord:
     """The record after ``last`` (a ``(seq, hash)`` row, or None for an empty log)."""
     actor, role, action, target, outcome, reason, detail = fields
     seq, prev_hash = (1, GENESIS) if last is None else (int(last[0]) + 1, str(last[1]))
@@ -175,19 +222,7 @@ def checked_append(actor: str, action: str, outcome: str, detail: Mapping[str, A
 
 def as_row(record: AuditRecord) -> tuple[object, ...]:
     """The record's column values in ``COLUMNS`` order."""
-    return (
-        record.seq,
-        record.at,
-        record.actor,
-        record.role,
-        record.action,
-        record.target,
-        record.outcome,
-        record.reason,
-        canonical_json(record.detail),
-        record.prev_hash,
-        record.hash,
-    )
+    return row_of(record, COLUMNS, detail=canonical_json)
 
 
 def from_row(row: Row) -> AuditRecord:

@@ -3,7 +3,8 @@
 A row is what an operator needs to know what a run was handed (never the token itself):
 its id (``jti``), run, audience, signing key and lifetime. The table lives in the
 registry's database, beside ``runs``; the DDL and queries are written once here with ``?``
-placeholders and ``{credentials}`` for the table name, and each backend binds them.
+placeholders and ``{credentials}`` for the table name; ``tables.SqlCredentialStore`` runs them
+on either backend.
 Failures raise ``RegistryUnavailable``, like the other stores'.
 """
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from haltwire.store.registry import RegistryUnavailable
+from haltwire.store.sql import row_of
 
 COLUMNS: Final = ("jti", "run_id", "audience", "kid", "issued_at", "expires_at")
 
@@ -61,7 +63,7 @@ QUERIES: Final = {
 
 
 def as_row(c: CredentialRecord) -> tuple[object, ...]:
-    return (c.jti, c.run_id, c.audience, c.kid, c.issued_at, c.expires_at)
+    return row_of(c, COLUMNS)
 
 
 def from_row(row: Sequence[Any]) -> CredentialRecord:

@@ -1,6 +1,6 @@
 """Idempotency records in one SQLite file: one gateway whose keys must outlive a restart.
 
-WAL mode with ``synchronous=FULL`` (``haltwire.store.sql.SqliteConnection``): a ``begin``
+WAL mode with ``synchronous=FULL`` (``haltwire.store.sqlite.SqliteDb``): a ``begin``
 that returned is on disk, so a gateway killed mid-call finds the key in flight when it comes
 back and answers ``outcome_unknown`` instead of calling again. Each ``begin`` is one
 ``BEGIN IMMEDIATE`` transaction; expired records are swept now and then.
@@ -8,24 +8,24 @@ back and answers ``outcome_unknown`` instead of calling again. Each ``begin`` is
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Callable
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
 
 from haltwire.store.idempotency import CONFLICT, FRESH, IN_FLIGHT, Begun, IdempotencyUnavailable, Recorded
 from haltwire.store.registry import RegistryUnavailable
-from haltwire.store.sql import SqliteConnection, T, immediate
+from haltwire.store.sql import Tables
+from haltwire.store.sqlite import SqliteDb
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS idempotency (
+_DDL = """CREATE TABLE IF NOT EXISTS idempotency (
     scope_key   TEXT PRIMARY KEY,
     fingerprint TEXT NOT NULL,
     expires_at  REAL NOT NULL,
     outcome     TEXT
-);
-"""
+)"""
+_TABLES = Tables("idempotency", "idempotency store", ("idempotency",), (_DDL,))
 _GET = "SELECT fingerprint, expires_at, outcome FROM idempotency WHERE scope_key = ?"
 _CLAIM = """
 INSERT INTO idempotency (scope_key, fingerprint, expires_at, outcome) VALUES (?, ?, ?, NULL)
@@ -43,53 +43,54 @@ class SqliteIdempotency:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._db: SqliteConnection | None = None
+        self._db: SqliteDb | None = None
         self._opening = anyio.Lock()
         self._begins = 0
 
     async def connect(self) -> None:
+        with _unavailable():
+            await self._opened()
+
+    async def _opened(self) -> SqliteDb:
+        if self._db is not None:
+            return self._db
         async with self._opening:
             if self._db is None:
-                try:
-                    self._db = await SqliteConnection.open(
-                        self.path, _SCHEMA, what="idempotency store", store="idempotency"
-                    )
-                except RegistryUnavailable as exc:
-                    raise IdempotencyUnavailable(str(exc)) from exc
-
-    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        if self._db is None:
-            await self.connect()
-        assert self._db is not None
-        try:
-            return await self._db.run(fn)
-        except RegistryUnavailable as exc:  # the shared plumbing's error, in this store's terms
-            raise IdempotencyUnavailable(str(exc)) from exc
+                self._db = await SqliteDb.open(self.path, _TABLES)
+            return self._db
 
     async def begin(self, scope_key: str, fingerprint: str, now: float, ttl_s: float) -> Begun:
         self._begins += 1
         sweep = self._begins % _SWEEP_EVERY == 0
-
-        def write(conn: sqlite3.Connection) -> Begun:
-            with immediate(conn):
+        with _unavailable():
+            async with (await self._opened()).write() as tx:
                 if sweep:
-                    conn.execute(_SWEEP, (now,))
-                row = conn.execute(_GET, (scope_key,)).fetchone()
+                    await tx.execute(_SWEEP, (now,))
+                row = await tx.one(_GET, (scope_key,))
                 if row is None or float(row[1]) <= now:
-                    conn.execute(_CLAIM, (scope_key, fingerprint, now + ttl_s))
+                    await tx.execute(_CLAIM, (scope_key, fingerprint, now + ttl_s))
                     return FRESH
-            if row[0] != fingerprint:
-                return CONFLICT
-            return IN_FLIGHT if row[2] is None else Recorded(str(row[2]))
-
-        return await self._run(write)
+        if row[0] != fingerprint:
+            return CONFLICT
+        return IN_FLIGHT if row[2] is None else Recorded(str(row[2]))
 
     async def complete(self, scope_key: str, outcome: str) -> None:
-        await self._run(lambda conn: conn.execute(_COMPLETE, (outcome, scope_key)))
+        with _unavailable():
+            await (await self._opened()).execute(_COMPLETE, (outcome, scope_key))
 
     async def release(self, scope_key: str) -> None:
-        await self._run(lambda conn: conn.execute(_RELEASE, (scope_key,)))
+        with _unavailable():
+            await (await self._opened()).execute(_RELEASE, (scope_key,))
 
     async def aclose(self) -> None:
         if self._db is not None:
             await self._db.aclose()
+
+
+@contextlib.contextmanager
+def _unavailable() -> Iterator[None]:
+    """The shared plumbing's error, in this store's terms."""
+    try:
+        yield
+    except RegistryUnavailable as exc:
+        raise IdempotencyUnavailable(str(exc)) from exc

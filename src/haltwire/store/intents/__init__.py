@@ -2,8 +2,8 @@
 
 The intent itself, its states and its rules are ``haltwire.intents``; this module persists and
 queries. The DDL and the queries are written once here, with ``?`` placeholders and
-``{intents}`` for the table name; each backend binds them its own way, applying
-``haltwire.intents.moved`` to the row it read under its write lock. Nothing here deletes
+``{intents}`` for the table name; ``tables.SqlIntentStore`` runs them on either backend,
+applying ``haltwire.intents.moved`` to the row it read under its write lock. Nothing here deletes
 intents, so keys are kept for as long as the table is (at least the 24 hours the idempotency
 rules promise). Failures raise ``RegistryUnavailable``, like the other stores'.
 """
@@ -18,6 +18,7 @@ from typing import Any, Final, Protocol
 from haltwire.intents import CANCELLABLE, STATES, UNCHECKED, Created, Intent, IntentStateError, canonical
 from haltwire.scope import Scope
 from haltwire.store.registry import RegistryUnavailable
+from haltwire.store.sql import row_of
 
 #: The columns of one intent row, in this order, in every backend.
 COLUMNS: Final = (
@@ -145,21 +146,20 @@ DDL: Final = (
 _OLDEST = "ORDER BY created_at, intent_id"
 
 
-#: ``{lock}`` is ``FOR UPDATE`` (PostgreSQL) or empty (SQLite, where the write transaction is
-#: already exclusive); ``{skip}`` is ``FOR UPDATE SKIP LOCKED`` or empty.
+#: ``{for_update}`` and ``{skip_locked}``: row locks in PostgreSQL, none in SQLite (``sql.CLAUSES``).
 QUERIES: Final = {
     # A repeated key inserts nothing and returns no row: then the first intent is read.
     "create": f"INSERT INTO {{intents}} ({_COLS}) VALUES ({', '.join('?' for _ in COLUMNS)}) "
     f"ON CONFLICT (agent, idempotency_key) DO NOTHING RETURNING {_COLS}",
     "get": f"SELECT {_COLS} FROM {{intents}} WHERE intent_id = ?",
-    "get_locked": f"SELECT {_COLS} FROM {{intents}} WHERE intent_id = ? {{lock}}",
+    "get_locked": f"SELECT {_COLS} FROM {{intents}} WHERE intent_id = ? {{for_update}}",
     "by_key": f"SELECT {_COLS} FROM {{intents}} WHERE agent = ? AND idempotency_key = ?",
     "move": "UPDATE {intents} SET state = ?, updated_at = ?, claimed_by = ?, claimed_at = ?, "
     "outcome = ?, error = ?, stop_id = ?, decided_by = ?, decision_reason = ?, checked_revision = ? "
     f"WHERE intent_id = ? AND state = ? RETURNING {_COLS}",
     "claim_next": "UPDATE {intents} SET state = 'claimed', claimed_by = ?, claimed_at = ?, updated_at = ? "
     "WHERE state = 'pending' AND intent_id = (SELECT intent_id FROM {intents} WHERE state = 'pending' "
-    f"{_OLDEST} LIMIT 1 {{skip}}) RETURNING {_COLS}",
+    f"{_OLDEST} LIMIT 1 {{skip_locked}}) RETURNING {_COLS}",
     "mark_unknown": "UPDATE {intents} SET state = 'unknown', updated_at = ? "
     f"WHERE state = 'claimed' AND claimed_by = ? RETURNING {_COLS}",
     # What a per-run intent limit counts: the run's intents for a tool that passed their check.
@@ -179,28 +179,11 @@ _SCOPE_COLUMN: Final = {
 
 
 def as_row(i: Intent) -> tuple[object, ...]:
-    return (
-        i.intent_id,
-        i.run_id,
-        i.agent,
-        i.tenant,
-        i.version,
-        i.tool,
-        canonical(i.arguments),
-        i.idempotency_key,
-        i.state,
-        i.created_at,
-        i.updated_at,
-        i.needs_approval,
-        i.claimed_by,
-        i.claimed_at,
-        None if i.outcome is None else canonical(i.outcome),
-        i.error,
-        i.stop_id,
-        i.decided_by,
-        i.decision_reason,
-        i.checked_revision,
-    )
+    return row_of(i, COLUMNS, arguments=canonical, outcome=_canonical_or_none)
+
+
+def _canonical_or_none(value: Any) -> str | None:
+    return None if value is None else canonical(value)
 
 
 def from_row(row: Row) -> Intent:
@@ -237,7 +220,7 @@ def move_params(old: Intent, new: Intent) -> tuple[object, ...]:
         new.updated_at,
         new.claimed_by,
         new.claimed_at,
-        None if new.outcome is None else canonical(new.outcome),
+        _canonical_or_none(new.outcome),
         new.error,
         new.stop_id,
         new.decided_by,

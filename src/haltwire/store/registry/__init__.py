@@ -4,7 +4,8 @@ Every change (a stop issued, a stop cleared) is one row with the next revision n
 revisions are strictly increasing in commit order, so a watcher that has seen revision N
 resumes with ``changes_since(N)`` and never misses a change. A stop's state is derived from
 its changes: clearing appends a ``clear`` change and never rewrites the ``stop`` change.
-A new backend is one module implementing ``Registry``; the shared row helpers live here.
+The DDL, the queries (``?`` placeholders, ``{changes}`` for the table) and the row helpers are
+written once here; ``tables.SqlRegistry`` is the registry over either SQL backend.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from haltwire.scope import Scope
 from haltwire.stops import Change, ChangeKind, StopRecord
@@ -75,7 +76,38 @@ class Registry(Protocol):
     async def aclose(self) -> None: ...
 
 
-# -- helpers shared by the backends -----------------------------------------------------------
+# -- shared by the backends -------------------------------------------------------------------
+
+_COLS = ", ".join(COLUMNS)
+
+DDL: Final = (
+    """CREATE TABLE IF NOT EXISTS {changes} (
+    revision   {integer_key},
+    kind       TEXT NOT NULL CHECK (kind IN ('stop', 'clear')),
+    stop_id    TEXT NOT NULL,
+    scope      TEXT NOT NULL,
+    reason     TEXT NOT NULL,
+    actor      TEXT NOT NULL,
+    at         DOUBLE PRECISION NOT NULL,
+    expires_at DOUBLE PRECISION
+)""",
+    "CREATE UNIQUE INDEX IF NOT EXISTS changes_one_kind_per_stop ON {changes} (stop_id, kind)",
+)
+
+QUERIES: Final = {
+    "insert": f"INSERT INTO {{changes}} ({_COLS}) VALUES ({', '.join('?' for _ in COLUMNS)})",
+    "by_stop": f"SELECT {_COLS} FROM {{changes}} WHERE stop_id = ? ORDER BY revision",
+    "active": f"SELECT {_COLS} FROM {{changes}} AS s "
+    "WHERE s.kind = 'stop' AND (s.expires_at IS NULL OR s.expires_at > ?) "
+    "AND NOT EXISTS (SELECT 1 FROM {changes} AS c WHERE c.stop_id = s.stop_id AND c.kind = 'clear') "
+    "ORDER BY s.revision",
+    # Each change with its stop's issuing change.
+    "since": f"SELECT {', '.join('c.' + c for c in COLUMNS)}, {', '.join('s.' + c for c in COLUMNS)} "
+    "FROM {changes} AS c JOIN {changes} AS s ON s.stop_id = c.stop_id AND s.kind = 'stop' "
+    "WHERE c.revision > ? ORDER BY c.revision LIMIT ?",
+    "latest": "SELECT COALESCE(MAX(revision), 0) FROM {changes}",
+    "all": f"SELECT {_COLS} FROM {{changes}} ORDER BY revision",
+}
 
 
 def new_stop_id() -> str:

@@ -7,8 +7,8 @@ from it; each run's checkpoints are numbered 1, 2, ... in the order they were sa
 
 The tables live in the registry's database (the same SQLite file, the same PostgreSQL
 schema). The DDL and the queries are written once here, with ``?`` placeholders and
-``{runs}`` / ``{checkpoints}`` for the table names; each backend binds them its own way.
-Failures raise ``RegistryUnavailable``, like the registry's.
+``{runs}`` / ``{checkpoints}`` for the table names; ``tables.SqlRunStore`` runs them on either
+backend. Failures raise ``RegistryUnavailable``, like the registry's.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any, Final, Protocol
 
 from haltwire.scope import Scope, run_scopes
 from haltwire.store.registry import RegistryUnavailable
+from haltwire.store.sql import row_of
 
 #: The columns of one run row, in this order, in every backend.
 COLUMNS: Final = (
@@ -141,7 +142,7 @@ QUERIES: Final = {
     "register": f"INSERT INTO {{runs}} ({_COLS}) VALUES ({', '.join('?' for _ in COLUMNS)}) "
     "ON CONFLICT (run_id) DO NOTHING RETURNING run_id",
     "get": f"SELECT {_COLS} FROM {{runs}} WHERE run_id = ?",
-    # Completed per backend: SQLite with "(?, ?, ...)", PostgreSQL with an array.
+    # Completed per backend (``SqlRunStore._any_of``): SQLite with "(?, ?, ...)", PostgreSQL an array.
     "get_many": f"SELECT {_COLS} FROM {{runs}} WHERE run_id IN",
     "list": f"SELECT {_COLS} FROM {{runs}} ORDER BY registered_at DESC, run_id DESC LIMIT ?",
     "end": f"UPDATE {{runs}} SET ended_at = COALESCE(ended_at, ?) WHERE run_id = ? RETURNING {_COLS}",
@@ -157,18 +158,7 @@ def new_run_id() -> str:
 
 
 def as_row(run: RunRecord) -> tuple[object, ...]:
-    return (
-        run.run_id,
-        run.agent,
-        run.tenant,
-        run.version,
-        json.dumps(list(run.tools)),
-        run.agent_class,
-        run.registered_by,
-        run.registered_at,
-        run.resumed_from,
-        run.ended_at,
-    )
+    return row_of(run, COLUMNS, tools=lambda tools: json.dumps(list(tools)))
 
 
 def from_row(row: Row) -> RunRecord:

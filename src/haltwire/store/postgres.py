@@ -1,0 +1,181 @@
+"""The PostgreSQL backend of the SQL stores: one psycopg connection per store, in one schema.
+
+The connection is held under a lock, one statement or transaction at a time, and replaced on
+next use after it breaks. Transactions serialize with other replicas' through transaction-scoped
+advisory locks named for the store and the schema; ``follow`` listens for the NOTIFY that
+``Tx.notify`` sends at commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Self
+
+import anyio
+import psycopg
+from psycopg import sql
+
+from haltwire.store.sql import CLAUSES, Db, Params, Row, Store, Tables, Tx
+
+DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
+log = logging.getLogger("haltwire.store")
+_LISTEN_RETRY_MIN_S = 0.2
+_LISTEN_RETRY_MAX_S = 5.0
+_BOUND_MAX = 256  # query texts kept bound; the texts of a store are a few dozen
+PgConn = psycopg.AsyncConnection[tuple[Any, ...]]
+
+
+def notify_channel(store: str, schema: str) -> str:
+    """The NOTIFY channel of ``store`` in ``schema`` (identifiers stop at 63 bytes)."""
+    return f"haltwire_{store}_{schema}"[:63]
+
+
+def advisory_lock(name: str) -> sql.Composed:
+    return sql.SQL("SELECT pg_advisory_xact_lock(hashtext({name}))").format(name=sql.Literal(name))
+
+
+class _PostgresTx(Tx):
+    def __init__(self, conn: PgConn, db: PostgresDb) -> None:
+        self.conn = conn
+        self._db = db
+
+    async def all(self, query: str, params: Params = ()) -> list[Row]:
+        cur = await self.conn.execute(self._db.bind(query), params)
+        return await cur.fetchall() if cur.description is not None else []
+
+    async def lock(self, name: str, *parts: str) -> None:
+        await self.conn.execute(advisory_lock(":".join((f"haltwire.{name}", self._db.schema, *parts))))
+
+    async def notify(self, payload: str) -> None:
+        await self.conn.execute(self._db.notify_query, (payload,))
+
+
+class PostgresDb(Db):
+    """Open with ``await PostgresDb.open(url, schema, ...)``; the schema and tables are created if missing."""
+
+    def __init__(
+        self, url: str, schema: str, connect_timeout: float, application_name: str, tables: Tables
+    ) -> None:
+        # How this store connects: its connection, and LISTEN's (named "<application_name>-listen").
+        self._connect = functools.partial(
+            psycopg.AsyncConnection.connect,
+            url,
+            autocommit=True,
+            connect_timeout=max(1, round(connect_timeout)),
+        )
+        self._application_name, self._timeout = application_name, connect_timeout
+        self.schema, self._tables = schema, tables
+        self._names: dict[str, sql.Composable] = {name: sql.Identifier(schema, name) for name in tables.names}
+        self._names |= {name: sql.SQL(texts[1]) for name, texts in CLAUSES.items()}
+        self._names["schema"] = sql.Identifier(schema)
+        self._bound: dict[str, sql.Composed] = {}
+        self.channel = notify_channel(tables.store, schema)
+        # Delivered to every LISTENing replica when the writing transaction commits.
+        self.notify_query = sql.SQL("SELECT pg_notify({}, %s)").format(sql.Literal(self.channel))
+        self._conn: PgConn | None = None
+        self._closed = False
+        self._lock = anyio.Lock()
+
+    @classmethod
+    async def open(
+        cls, url: str, schema: str, connect_timeout: float, application_name: str, tables: Tables
+    ) -> PostgresDb:
+        """Connect, then create the schema and the tables in one transaction under the store's
+        lock: replicas starting together must not race ``CREATE INDEX``."""
+        db = cls(url, schema, connect_timeout, application_name, tables)
+        async with db.write(tables.store) as tx:
+            for statement in ("CREATE SCHEMA IF NOT EXISTS {schema}", *tables.ddl):
+                await tx.execute(statement)
+        return db
+
+    def bind(self, text: str) -> sql.Composed:
+        """``text`` for psycopg: ``%s`` placeholders, names bound in this schema."""
+        bound = self._bound.get(text)
+        if bound is None:
+            bound = sql.SQL(text.replace("?", "%s")).format(**self._names)
+            if len(self._bound) < _BOUND_MAX:
+                self._bound[text] = bound
+        return bound
+
+    async def _connection(self) -> PgConn:
+        if self._closed:
+            raise self._tables.closed()
+        if self._conn is None or self._conn.broken or self._conn.closed:
+            self._conn = await self._connect(application_name=self._application_name)
+        return self._conn
+
+    @contextlib.asynccontextmanager
+    async def _alone(self) -> AsyncIterator[_PostgresTx]:
+        """The connection, held under the lock; driver failures become ``RegistryUnavailable``."""
+        async with self._lock:
+            try:
+                with anyio.fail_after(self._timeout * 2):
+                    yield _PostgresTx(await self._connection(), self)
+            except (psycopg.Error, OSError, TimeoutError) as exc:
+                await self._discard()  # its state is unknown: the next call reconnects
+                raise self._tables.failed(exc) from exc
+
+    @contextlib.asynccontextmanager
+    async def write(self, lock: str | None = None) -> AsyncIterator[Tx]:
+        async with self._alone() as tx, tx.conn.transaction():
+            if lock is not None:
+                await tx.lock(lock)
+            yield tx
+
+    async def follow(self, on_change: Callable[[], None]) -> None:
+        """Call ``on_change`` for every NOTIFY on the store's channel, and once listening again
+        after a broken connection (a NOTIFY sent while no one listened is lost).
+
+        A separate connection (LISTEN holds it), reconnecting with a backoff. It ends when
+        cancelled (by its owner's task group) or once closed.
+        """
+        delay = _LISTEN_RETRY_MIN_S
+        while not self._closed:
+            try:
+                conn = await self._connect(application_name=f"{self._application_name}-listen")
+                async with conn:
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+                    delay = _LISTEN_RETRY_MIN_S
+                    on_change()
+                    async for _ in conn.notifies():
+                        on_change()
+            except (psycopg.Error, OSError) as exc:
+                log.warning(
+                    "%s: LISTEN %s failed (%s); retrying in %.1f s",
+                    self._tables.what,
+                    self.channel,
+                    exc,
+                    delay,
+                )
+            await anyio.sleep(delay)
+            delay = min(delay * 2, _LISTEN_RETRY_MAX_S)
+
+    async def _discard(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with anyio.CancelScope(shield=True), contextlib.suppress(psycopg.Error, OSError):
+                await conn.close()
+
+    async def aclose(self) -> None:
+        async with self._lock:
+            self._closed = True
+            await self._discard()
+
+
+class PostgresStore(Store):
+    @classmethod
+    async def open(
+        cls,
+        url: str = DEFAULT_URL,
+        *,
+        schema: str = "haltwire",
+        connect_timeout: float = 5.0,
+        application_name: str | None = None,
+    ) -> Self:
+        """The store in ``schema`` (default application name ``haltwire-<store>``); the schema
+        and the tables are created if missing."""
+        name = f"haltwire-{cls.TABLES.store}" if application_name is None else application_name
+        return cls(await PostgresDb.open(url, schema, connect_timeout, name, cls.TABLES))
