@@ -82,7 +82,7 @@ def _s(value: str) -> str:
 
 
 def control_toml(registry: dict[str, str]) -> str:
-    lines = ["[control]", "development = true", f"heartbeat_s = {HEARTBEAT_S}", "", "[registry]"]
+    lines = ["[control]", "development = true", "admin_port = 0", f"heartbeat_s = {HEARTBEAT_S}", "", "[registry]"]
     lines += [f"{k} = {_s(v)}" for k, v in registry.items()]
     for name, role, token in (("operator-1", "operator", OPERATOR_TOKEN), ("gw-1", "gateway", GATEWAY_TOKEN)):
         lines += ["", "[[identities]]", f"name = {_s(name)}", f"role = {_s(role)}", f"token = {_s(token)}"]

@@ -26,6 +26,7 @@ EXIT_USAGE = 2
 
 def _gateway(args: argparse.Namespace) -> int:
     from haltwire.gateway import ControlUnreachable, UpstreamError, create_app
+    from haltwire.listener import check_descriptors
     from haltwire.serve import CannotListen, listen, serve_forever
 
     try:
@@ -41,8 +42,9 @@ def _gateway(args: argparse.Namespace) -> int:
         print(f"haltwire gateway: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
+        check_descriptors([config.gateway.listener])
         sock = listen(host, port)  # before the upstreams start: a taken port is said at once
-    except CannotListen as exc:
+    except (CannotListen, ConfigError) as exc:
         print(f"haltwire gateway: {exc}", file=sys.stderr)
         return EXIT_RUNTIME
 
@@ -60,7 +62,7 @@ def _gateway(args: argparse.Namespace) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-            await serve_forever(app, sock)
+            await serve_forever(app, sock, config.gateway.listener)
         return 0
 
     try:
@@ -108,8 +110,10 @@ def _executor(args: argparse.Namespace) -> int:
 
 def _control(args: argparse.Namespace) -> int:
     from haltwire.control import create_app, load_control_config
+    from haltwire.control.routes.admin import AdminOnly
     from haltwire.control.stores import open_stores
-    from haltwire.serve import CannotListen, listen, serve_forever
+    from haltwire.listener import InFlightCap, check_descriptors
+    from haltwire.serve import CannotListen, listen, serve_listeners
     from haltwire.store.registry import RegistryUnavailable
 
     try:
@@ -123,15 +127,22 @@ def _control(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"haltwire control: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    host = args.host or config.control.host
-    port = args.port if args.port is not None else config.control.port
+    section = config.control
+    host = args.host or section.host
+    port = args.port if args.port is not None else section.port
+    admin_host = args.host or section.admin_host or section.host
+    admin_port = args.admin_port if args.admin_port is not None else section.admin_port_for(port)
+    limits = [section.agent_listener, section.admin_listener]
     try:
-        sock = listen(host, port)
-    except CannotListen as exc:
+        check_descriptors(limits)
+        sock, admin_sock = listen(host, port), listen(admin_host, admin_port)
+    except (CannotListen, ConfigError) as exc:
         print(f"haltwire control: {exc}", file=sys.stderr)
         return EXIT_RUNTIME
+    admin_port = admin_sock.getsockname()[1]
     print(
-        f"haltwire control {__version__} on http://{host}:{port} (registry: {config.registry.backend})",
+        f"haltwire control {__version__} on http://{host}:{port} for agents, gateways and executors, "
+        f"http://{admin_host}:{admin_port} for operators (registry: {config.registry.backend})",
         file=sys.stderr,
         flush=True,
     )
@@ -139,7 +150,14 @@ def _control(args: argparse.Namespace) -> int:
     async def run() -> None:
         # Opened here, not in the app's lifespan, so an unreachable store is an exit code.
         async with open_stores(config.registry) as stores:
-            await serve_forever(create_app(config, stores), sock)
+            app = create_app(config, stores)
+            watch = frozenset({"/v1/watch"})
+            await serve_listeners(
+                [
+                    (InFlightCap(app, section.agent_listener.max_in_flight, watch), sock, limits[0]),
+                    (InFlightCap(AdminOnly(app), section.admin_listener.max_in_flight, watch), admin_sock, limits[1]),
+                ]
+            )
 
     try:
         anyio.run(run)
@@ -202,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--config", required=True, help="the control plane's TOML config file")
     ctl.add_argument("--host", default=None, help="override control.host")
     ctl.add_argument("--port", type=int, default=None, help="override control.port")
+    ctl.add_argument("--admin-port", type=int, default=None, help="override control.admin_port")
     ctl.set_defaults(func=_control)
 
     ex = sub.add_parser("executor", help="run the executor: it commits the intents of irreversible tools")

@@ -2,8 +2,8 @@
 
 ``serving`` is used by the demos and the tests: it binds the socket first (so port 0 gives
 a free port and the caller learns it), runs uvicorn in a task of the caller's task group,
-and stops it when the block exits. ``serve_forever`` is the CLI's: one server per process,
-stopped by SIGINT/SIGTERM.
+and stops it when the block exits. ``serve_forever`` is the CLI's: one app on one or more
+sockets, each with its own limits (``haltwire.listener``), stopped by SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -11,10 +11,14 @@ from __future__ import annotations
 import socket
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import uvicorn
+
+from haltwire.listener import ListenerLimits, guarded_protocol
+
+Lifespan = Literal["on", "off"]
 
 
 def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
@@ -44,7 +48,13 @@ class InProcessServer(uvicorn.Server):
 
 @asynccontextmanager
 async def serving(
-    app: Any, host: str = "127.0.0.1", port: int = 0, *, graceful_s: int | None = None
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    graceful_s: int | None = None,
+    limits: ListenerLimits | None = None,
+    lifespan: Lifespan = "on",
 ) -> AsyncIterator[str]:
     """Serve ``app`` until the block exits; yields its base URL (``http://host:port``).
 
@@ -52,10 +62,7 @@ async def serving(
     """
     sock = bind(host, port)
     actual = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app, lifespan="on", log_level="warning", access_log=False, timeout_graceful_shutdown=graceful_s
-    )
-    server = InProcessServer(config)
+    server = InProcessServer(_config(app, limits, lifespan, timeout_graceful_shutdown=graceful_s))
     async with anyio.create_task_group() as tg:
         tg.start_soon(server.serve, [sock])
         while not server.started:  # noqa: ASYNC110 - uvicorn exposes a flag, not an event
@@ -79,7 +86,46 @@ class CannotListen(Exception):
     """The command's address cannot be bound (in use, or not an address of this machine)."""
 
 
-async def serve_forever(app: Any, sock: socket.socket) -> None:
+def _config(app: Any, limits: ListenerLimits | None, lifespan: Lifespan, **extra: Any) -> uvicorn.Config:
+    if limits is None:
+        return uvicorn.Config(app, lifespan=lifespan, log_level="warning", access_log=False, **extra)
+    return uvicorn.Config(
+        app,
+        lifespan=lifespan,
+        log_level="warning",
+        access_log=False,
+        http=guarded_protocol(limits),
+        timeout_keep_alive=int(max(1, limits.idle_timeout_s)),
+        **extra,
+    )
+
+
+async def serve_forever(app: Any, sock: socket.socket, limits: ListenerLimits | None = None) -> None:
     """Serve ``app`` on a socket bound beforehand (``listen``), until cancelled."""
-    config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False)
-    await uvicorn.Server(config).serve([sock])
+    await uvicorn.Server(_config(app, limits, "on")).serve([sock])
+
+
+async def serve_listeners(listeners: list[tuple[Any, socket.socket, ListenerLimits]]) -> None:
+    """Serve one app on several sockets (``(app, socket, limits)``: the app may be wrapped per
+    socket), until cancelled. The first runs the app's lifespan, and the others start once it
+    has: none of them answers before the app is ready."""
+    first, *others = listeners
+    servers = [uvicorn.Server(_config(first[0], first[2], "on"))]
+    servers += [InProcessServer(_config(app, limits, "off")) for app, _, limits in others]
+
+    ended = anyio.Event()
+
+    async def first_then_the_rest() -> None:
+        await servers[0].serve([first[1]])  # until SIGINT/SIGTERM (or a failed start-up)
+        ended.set()
+        for server in servers[1:]:
+            server.should_exit = True
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(first_then_the_rest)
+        while not servers[0].started and not ended.is_set():  # noqa: ASYNC110 - uvicorn has a flag
+            await anyio.sleep(0.005)
+        if ended.is_set():
+            return
+        for server, (_, sock, _) in zip(servers[1:], others, strict=True):
+            tg.start_soon(server.serve, [sock])

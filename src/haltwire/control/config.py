@@ -16,17 +16,45 @@ from pydantic import ConfigDict, Field, model_validator
 
 from haltwire.config import ConfigModel, LeaseKeysSection, TokenFields, read_toml, validate_config
 from haltwire.identity import token_sha256
+from haltwire.listener import ListenerLimits
 
 Role = Literal["operator", "tripwire", "gateway", "executor", "agent", "viewer"]
 
 
 class ControlSection(ConfigModel):
+    """``[control]``: two listeners, so that nothing an agent fleet does to one delays a stop.
+
+    ``host``/``port`` is for agents, gateways and executors (runs, leases, the watch, intents);
+    ``admin_host``/``admin_port`` is for operators, tripwires and viewers, and refuses every
+    other role. Each has its own limits (``haltwire.listener``).
+    """
+
     host: str = "127.0.0.1"
     port: int = Field(default=8700, ge=0, le=65535)
+    #: Default: ``host``.
+    admin_host: str | None = None
+    #: Default: the next port after ``port`` (8701), or any free port when ``port`` is 0.
+    admin_port: int | None = Field(default=None, ge=0, le=65535)
+    agent_listener: ListenerLimits = Field(default_factory=lambda: ListenerLimits(max_connections=768))
+    admin_listener: ListenerLimits = Field(
+        default_factory=lambda: ListenerLimits(max_connections=64, max_in_flight=32)
+    )
     #: Accept plain ``token`` entries. Never in production.
     development: bool = False
     #: Seconds between heartbeats on an idle watch stream.
     heartbeat_s: float = Field(default=5.0, gt=0)
+
+    @model_validator(mode="after")
+    def _two_listeners(self) -> ControlSection:
+        if self.port == self.admin_port != 0 and self.host == (self.admin_host or self.host):
+            raise ValueError(f"admin_port: the admin listener needs a port of its own, not {self.port}")
+        return self
+
+    def admin_port_for(self, port: int) -> int:
+        """The admin listener's port when the agents' listener is on ``port``."""
+        if self.admin_port is not None:
+            return self.admin_port
+        return 0 if port == 0 else port + 1
 
 
 class RegistrySection(ConfigModel):

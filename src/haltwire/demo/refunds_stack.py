@@ -40,7 +40,7 @@ AGENT: Final = "support-bot"
 def control_config(db: Path, port: int) -> dict[str, Any]:
     """The control plane: a 10-second lease for ``support``, the broker, the per-run limit."""
     return {
-        "control": {"development": True, "port": port, "heartbeat_s": 1.0},
+        "control": {"development": True, "port": port, "admin_port": 0, "heartbeat_s": 1.0},
         "registry": {"backend": "sqlite", "path": str(db)},
         "leases": {"signing_key": LEASE_KEY["kid"], "keys": [LEASE_KEY]},
         "agent_classes": {

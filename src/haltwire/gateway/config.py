@@ -23,6 +23,7 @@ from haltwire.config import (
     validate_config,
 )
 from haltwire.identity import Identity, RefuseAt, TokenTable
+from haltwire.listener import ListenerLimits
 
 
 class ToolLimits(ConfigModel):
@@ -73,6 +74,9 @@ class IdentityConfig(TokenFields):
 class GatewaySection(ConfigModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8800, ge=0, le=65535)
+    #: Connections, header and idle timeouts (``haltwire.listener``; no in-flight cap here: the
+    #: per-identity ceilings do that).
+    listener: ListenerLimits = Field(default_factory=ListenerLimits)
     #: Accept plain ``token`` entries. Never in production.
     development: bool = False
     max_body_bytes: int = Field(default=1_048_576, ge=1024)

@@ -1,0 +1,182 @@
+"""What one listening socket accepts (``haltwire.listener``) and the control plane's two listeners.
+
+Real sockets on loopback: half-open connections that never finish their request head (a
+slowloris), a connection cap, the in-flight cap, and the admin listener that only operators,
+tripwires and viewers may use, while the agents' listener is flooded.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import httpx2
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from haltwire.control import create_app, parse_control_config
+from haltwire.control.routes.admin import AdminOnly
+from haltwire.listener import InFlightCap, ListenerLimits
+from haltwire.serve import serving
+from test_control import TOKEN, auth, config_dict
+
+pytestmark = pytest.mark.anyio
+
+
+async def half_open(port: int, n: int) -> list[anyio.abc.SocketStream]:
+    """``n`` connections that send the start of a request head and then nothing."""
+    streams = []
+    for _ in range(n):
+        stream = await anyio.connect_tcp("127.0.0.1", port)
+        await stream.send(b"POST /v1/stops HTTP/1.1\r\nHost: x\r\n")
+        streams.append(stream)
+    return streams
+
+
+async def closed_by_peer(stream: anyio.abc.SocketStream, within: float) -> bool:
+    """Whether the server closes ``stream`` within ``within`` seconds (EOF or reset)."""
+    with anyio.move_on_after(within):
+        try:
+            await stream.receive()
+        except (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionResetError, OSError):
+            return True
+        return True  # it answered something: not silent either way
+    return False
+
+
+def port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+async def test_a_connection_that_never_finishes_its_head_is_closed_and_one_past_the_cap_at_once() -> None:
+    async def ok(request: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+    app = Starlette(routes=[Route("/", ok)])
+    limits = ListenerLimits(max_connections=5, header_timeout_s=0.5, idle_timeout_s=30)
+    async with serving(app, limits=limits, lifespan="off") as url:
+        slow = await half_open(port_of(url), 5)
+        past_cap = await half_open(port_of(url), 1)
+        assert await closed_by_peer(past_cap[0], within=0.3), "a connection past the cap is closed as accepted"
+        started = time.monotonic()
+        assert all([await closed_by_peer(s, within=3) for s in slow]), "half-open connections are timed out"
+        took = time.monotonic() - started
+        assert took < 2.5, took
+        async with httpx2.AsyncClient(timeout=5) as http:  # the slots are free again
+            assert (await http.get(url)).json() == {"ok": True}
+        for s in [*slow, *past_cap]:
+            await s.aclose()
+
+
+async def test_a_request_being_answered_is_not_cut_by_the_header_timeout() -> None:
+    async def slow(request: Request) -> Response:
+        await anyio.sleep(1.0)
+        return JSONResponse({"ok": True})
+
+    app = Starlette(routes=[Route("/", slow)])
+    async with serving(app, limits=ListenerLimits(header_timeout_s=0.3), lifespan="off") as url:
+        async with httpx2.AsyncClient(timeout=5) as http:
+            assert (await http.get(url)).json() == {"ok": True}
+            assert (await http.get(url)).json() == {"ok": True}, "and the kept-alive connection serves again"
+
+
+async def test_past_the_in_flight_cap_a_request_is_answered_503_at_once_and_streams_are_exempt() -> None:
+    release = anyio.Event()
+
+    async def held(request: Request) -> Response:
+        await release.wait()
+        return JSONResponse({"ok": True})
+
+    app = Starlette(routes=[Route("/held", held), Route("/v1/watch", held)])
+    capped = InFlightCap(app, 2, frozenset({"/v1/watch"}))
+    async with serving(capped, lifespan="off") as url, httpx2.AsyncClient(base_url=url, timeout=5) as http:
+        answers: list[int] = []
+
+        async def call(path: str) -> None:
+            answers.append((await http.get(path)).status_code)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call, "/held")
+            tg.start_soon(call, "/held")
+            tg.start_soon(call, "/v1/watch")  # not counted
+            while capped.in_flight < 2:
+                await anyio.sleep(0.01)
+            busy = await http.get("/held")
+            assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
+            assert busy.json()["error"]["code"] == "busy" and busy.json()["error"]["retryable"] is True
+            release.set()
+        assert answers == [200, 200, 200]
+        assert capped.in_flight == 0
+
+
+@asynccontextmanager
+async def control_with_admin(tmp_path: Path, agents: ListenerLimits) -> AsyncIterator[tuple[str, str]]:
+    """The control plane's app on two listeners, as ``haltwire control`` serves it: (agents, admin)."""
+    config = parse_control_config(config_dict({"backend": "sqlite", "path": str(tmp_path / "c.db")}, 0.2))
+    app = create_app(config)
+    async with serving(app, limits=agents) as agent_url:
+        async with serving(AdminOnly(app), limits=ListenerLimits(max_connections=16), lifespan="off") as admin_url:
+            yield agent_url, admin_url
+
+
+async def test_the_admin_listener_serves_operators_tripwires_and_viewers_only(tmp_path: Path) -> None:
+    async with control_with_admin(tmp_path, ListenerLimits()) as (_, admin):
+        async with httpx2.AsyncClient(base_url=admin, timeout=5) as http:
+            stop = {"scope": "agent:a1", "reason": "runaway"}
+            assert (await http.post("/v1/stops", json=stop, headers=auth("operator"))).status_code == 201
+            assert (await http.post("/v1/stops", json=stop, headers=auth("tripwire"))).status_code == 201
+            assert (await http.get("/v1/stops", headers=auth("viewer"))).status_code == 200
+            for role in ("agent", "gateway", "executor"):
+                r = await http.get("/v1/stops", headers=auth(role))
+                assert r.status_code == 403 and "admin listener" in r.json()["error"]["message"], role
+            assert (await http.get("/v1/stops")).status_code == 401, "the routes' own 401"
+            assert (await http.get("/healthz")).status_code == 200
+
+
+async def test_a_stop_through_the_admin_listener_is_answered_while_the_agents_listener_is_flooded(
+    tmp_path: Path,
+) -> None:
+    agents = ListenerLimits(max_connections=200, header_timeout_s=30)
+    async with control_with_admin(tmp_path, agents) as (agent_url, admin_url):
+        flood = await half_open(port_of(agent_url), 260)  # the cap, and 60 past it
+        try:
+            async with httpx2.AsyncClient(timeout=3) as http:
+                with pytest.raises(httpx2.TransportError):  # the agents' listener takes nobody new
+                    await http.get(f"{agent_url}/healthz")
+                started = time.monotonic()
+                r = await http.post(
+                    f"{admin_url}/v1/stops",
+                    json={"scope": "agent:a1", "reason": "under siege"},
+                    headers={"Authorization": f"Bearer {TOKEN['operator']}"},
+                )
+                assert r.status_code == 201, r.text
+                assert time.monotonic() - started < 2.0
+        finally:
+            for s in flood:
+                await s.aclose()
+
+
+def test_listeners_that_cannot_fit_in_the_open_file_limit_are_a_config_error() -> None:
+    script = (
+        "import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (512, 512))\n"
+        "from haltwire.config import ConfigError\n"
+        "from haltwire.listener import ListenerLimits, check_descriptors\n"
+        "print(check_descriptors([ListenerLimits(max_connections=300)]))\n"
+        "try:\n"
+        "    check_descriptors([ListenerLimits(max_connections=300), ListenerLimits(max_connections=100)])\n"
+        "except ConfigError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    fits, problem = out.stdout.strip().splitlines()
+    assert fits == "512"
+    assert "may hold 400 connections" in problem and "only 512 files" in problem
