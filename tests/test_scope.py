@@ -93,9 +93,22 @@ def test_the_broadest_stop_is_named_and_removing_one_leaves_the_others() -> None
     assert len(index) == 2
 
 
-@given(
-    st.sampled_from(["run", "tenant", "tool", "agent"]), st.text(min_size=1).filter(lambda v: v == v.strip())
+#: Any text a scope's value may be: printable (no control characters), bounded, not padded.
+VALUES = st.text(st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=200).filter(
+    lambda v: v == v.strip()
 )
+
+
+@given(st.sampled_from(["run", "tenant", "tool", "agent"]), VALUES)
 def test_parse_inverts_str_for_any_value(kind: str, value: str) -> None:
     scope = Scope(kind, value)  # type: ignore[arg-type]
     assert Scope.parse(str(scope)) == scope
+
+
+CONTROLS = st.sampled_from([chr(c) for c in (*range(32), *range(127, 160))])
+
+
+@given(st.sampled_from(["run", "tenant", "tool", "agent"]), VALUES, CONTROLS)
+def test_a_value_with_a_control_character_is_no_scope(kind: str, value: str, control: str) -> None:
+    with pytest.raises(ScopeError, match="control characters"):
+        Scope.parse(f"{kind}:{value[:1]}{control}{value}")

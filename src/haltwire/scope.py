@@ -8,6 +8,7 @@ scope is in that set. Matching is a set lookup per call, however many stops are 
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, Generic, Literal, TypeVar, get_args
@@ -18,8 +19,17 @@ ScopeKind = Literal["run", "tenant", "tool", "agent", "version", "global"]
 KINDS: Final[tuple[str, ...]] = get_args(ScopeKind)
 
 
+#: The longest scope text (a version scope names an agent and its version).
+MAX_SCOPE_CHARS: Final = 512
+
+
 class ScopeError(ValueError):
     """A scope string that does not parse; the message says what is wrong."""
+
+
+def has_control_characters(text: str, allowed: str = "") -> bool:
+    """Whether ``text`` holds a control character (C0 with NUL, DEL, C1), other than ``allowed``."""
+    return any(unicodedata.category(c) == "Cc" and c not in allowed for c in text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +41,11 @@ class Scope:
     def parse(cls, text: str) -> Scope:
         if text == "global":
             return GLOBAL
+        # Before anything echoes it: a refusal must not carry a megabyte of someone's input.
+        if len(text) > MAX_SCOPE_CHARS:
+            raise ScopeError(f"a scope is at most {MAX_SCOPE_CHARS} characters, not {len(text)}")
+        if has_control_characters(text):
+            raise ScopeError("a scope may not hold control characters")
         kind, sep, value = text.partition(":")
         if not sep or kind not in KINDS or kind == "global":
             raise ScopeError(

@@ -23,11 +23,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
-from haltwire.scope import Scope, ScopeIndex
+from haltwire.scope import Scope, ScopeIndex, has_control_characters
 
 ChangeKind = Literal["stop", "clear"]
+
+#: The longest reason a stop (or its clear) may give: a sentence for the run report, not a log.
+MAX_REASON_CHARS: Final = 2000
+
+
+def checked_reason(reason: str, what: str = "a stop") -> str:
+    """``reason`` if it is a reason: not blank, bounded, no control characters but newline and tab."""
+    if not reason.strip():
+        raise ValueError(f"{what} needs a reason")
+    if len(reason) > MAX_REASON_CHARS:
+        raise ValueError(f"a reason is at most {MAX_REASON_CHARS} characters, not {len(reason)}")
+    if has_control_characters(reason, allowed="\n\t"):
+        raise ValueError("a reason may not hold control characters (newline and tab are fine)")
+    return reason
 
 
 @dataclass(frozen=True, slots=True)

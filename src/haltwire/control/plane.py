@@ -7,6 +7,7 @@ first argument; nothing here knows of HTTP.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any, Final
 
@@ -23,6 +24,17 @@ from haltwire.store.registry import RegistryUnavailable
 
 #: Runs whose agent is cached (a run never changes hands); cleared when full.
 _RUN_AGENTS_MAX: Final = 100_000
+#: The longest text an audit record keeps whole, and how much of a longer one it keeps.
+MAX_AUDIT_TEXT: Final = 1024
+EXCERPT: Final = 256
+
+
+def excerpt(text: str) -> str:
+    """``text``, or past ``MAX_AUDIT_TEXT`` characters its start, its length and its SHA-256."""
+    if len(text) <= MAX_AUDIT_TEXT:
+        return text
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{text[:EXCERPT]}... ({len(text)} characters, sha256 {digest})"
 
 
 class Plane:
@@ -80,8 +92,11 @@ class Plane:
     async def audit(
         self, caller: Caller, action: str, target: str, outcome: Outcome, reason: str, **detail: Any
     ) -> None:
+        """Append a record. The log is append-only and never pruned, so text a caller chose (a
+        refused body's values echoed in a message, say) is kept as an excerpt and a hash."""
+        kept = {k: excerpt(v) if isinstance(v, str) else v for k, v in detail.items()}
         await self.open.audit.append(
-            caller.name, caller.role, action, target, outcome, reason, detail, now=time.time()
+            caller.name, caller.role, action, excerpt(target), outcome, excerpt(reason), kept, now=time.time()
         )
 
     async def refuse(self, caller: Caller, action: str, target: str, exc: Refused, **detail: Any) -> Refused:

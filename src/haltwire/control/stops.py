@@ -59,6 +59,9 @@ async def clear(plane: Plane, caller: Caller, stop_id: str, reason: str) -> Stop
     except AlreadyCleared as exc:
         await plane.audit(caller, "stop.clear", stop_id, "refused", str(exc))
         raise Refused(409, "already_cleared", str(exc)) from None
+    except ValueError as exc:  # a blank or unfit reason
+        await plane.audit(caller, "stop.clear", stop_id, "refused", str(exc))
+        raise invalid(str(exc)) from None
     plane.notify()
     await plane.audit(caller, "stop.clear", stop_id, "ok", reason, scope=stop.scope)
     return stop

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any, Final, Protocol
 
 from haltwire.scope import Scope
-from haltwire.stops import Change, ChangeKind, StopRecord
+from haltwire.stops import Change, ChangeKind, StopRecord, checked_reason
 
 #: The columns of one change row, in this order, in every backend.
 COLUMNS = ("revision", "kind", "stop_id", "scope", "reason", "actor", "at", "expires_at")
@@ -117,16 +117,14 @@ def new_stop_id() -> str:
 def checked_issue(scope: str, reason: str, issued_by: str) -> str:
     """Validate an issue request; answers the scope as stored."""
     parsed = Scope.parse(scope)
-    if not reason.strip():
-        raise ValueError("a stop needs a reason")
+    checked_reason(reason)
     if not issued_by.strip():
         raise ValueError("a stop needs an issuer")
     return str(parsed)
 
 
 def checked_clear(cleared_by: str, reason: str) -> None:
-    if not reason.strip():
-        raise ValueError("clearing a stop needs a reason")
+    checked_reason(reason, "clearing a stop")
     if not cleared_by.strip():
         raise ValueError("clearing a stop needs who clears it")
 
