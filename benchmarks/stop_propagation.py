@@ -15,7 +15,7 @@ The real stack runs as separate processes, started with the ``haltwire`` CLI:
   staleness 5 s). The control plane also re-reads its store once per heartbeat, so only the
   watch stream's push can explain a refusal well under 1 s.
 
-This process is both the operator and the agents. ``--agents`` MCP sessions (the official
+This process is both the operator (on the control plane's admin listener) and the agents. ``--agents`` MCP sessions (the official
 client, as ``ops-bot``) call ``lookup_order`` in a loop. For each stop, the operator issues
 ``agent:ops-bot`` with ``POST /v1/stops`` and takes t0 when the API response arrives; then
 
@@ -44,7 +44,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -81,12 +81,12 @@ def _s(value: str) -> str:
     return json.dumps(value)
 
 
-def control_toml(registry: dict[str, str]) -> str:
-    lines = ["[control]", "development = true", "admin_port = 0", f"heartbeat_s = {HEARTBEAT_S}", "", "[registry]"]
-    lines += [f"{k} = {_s(v)}" for k, v in registry.items()]
+def control_toml(registry: dict[str, str], admin_port: int, extra: str = "") -> str:
+    lines = ["[control]", "development = true", f"admin_port = {admin_port}", f"heartbeat_s = {HEARTBEAT_S}"]
+    lines += ["", "[registry]", *(f"{k} = {_s(v)}" for k, v in registry.items())]
     for name, role, token in (("operator-1", "operator", OPERATOR_TOKEN), ("gw-1", "gateway", GATEWAY_TOKEN)):
         lines += ["", "[[identities]]", f"name = {_s(name)}", f"role = {_s(role)}", f"token = {_s(token)}"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + extra
 
 
 def gateway_toml(upstream: str, control: str) -> str:
@@ -267,17 +267,27 @@ async def one_stop(http: httpx2.AsyncClient, seen: Observed, n: int) -> Sample:
     return sample
 
 
+#: A load on the control plane's agents' listener while the stops are measured (``siege.py``).
+Load = Callable[[str], Coroutine[Any, Any, None]]
+
+
 async def bench(
-    opts: argparse.Namespace, workdir: Path, registry: dict[str, str]
+    opts: argparse.Namespace,
+    workdir: Path,
+    registry: dict[str, str],
+    load: Load | None = None,
+    control_extra: str = "",
 ) -> tuple[list[Sample], Observed]:
+    """The stops, issued through the admin listener, while ``load`` runs against the agents' one."""
     py = sys.executable
     seen = Observed()
     with processes() as procs:
-        cp_port, up_port, gw_port = free_port(), free_port(), free_port()
+        cp_port, admin_port, up_port, gw_port = free_port(), free_port(), free_port(), free_port()
         control = f"http://{HOST}:{cp_port}"
+        admin = f"http://{HOST}:{admin_port}"
         upstream = f"http://{HOST}:{up_port}"
         gateway = f"http://{HOST}:{gw_port}/mcp"
-        (workdir / "control.toml").write_text(control_toml(registry))
+        (workdir / "control.toml").write_text(control_toml(registry, admin_port, control_extra))
         (workdir / "gateway.toml").write_text(gateway_toml(upstream, control))
         starts = [
             ("control", [py, "-m", "haltwire", "control", "--config", str(workdir / "control.toml")], cp_port,
@@ -295,7 +305,7 @@ async def bench(
         headers = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
         async with (
             contextlib.AsyncExitStack() as stack,
-            httpx2.AsyncClient(base_url=control, headers=headers, timeout=10.0) as http,
+            httpx2.AsyncClient(base_url=admin, headers=headers, timeout=10.0) as http,
         ):
             # The sessions are opened before, and closed after, the task group that uses them.
             clients = [await stack.enter_async_context(mcp_client(gateway)) for _ in range(opts.agents)]
@@ -303,6 +313,8 @@ async def bench(
                 await tg.start(watch_loop, control, seen)
                 for client in clients:
                     tg.start_soon(agent_loop, client, seen)
+                if load is not None:
+                    tg.start_soon(load, control)
                 for i in range(opts.warmup):  # imports, connections, caches: not counted
                     await one_stop(http, seen, -i)
                 t_start, calls0 = time.monotonic(), seen.calls

@@ -24,6 +24,8 @@ from haltwire.store.registry import RegistryUnavailable
 
 #: Runs whose agent is cached (a run never changes hands); cleared when full.
 _RUN_AGENTS_MAX: Final = 100_000
+#: How many watches read a page of the registry's history at the same time.
+REPLAY_READS: Final = 4
 #: The longest text an audit record keeps whole, and how much of a longer one it keeps.
 MAX_AUDIT_TEXT: Final = 1024
 EXCERPT: Final = 256
@@ -55,6 +57,8 @@ class Plane:
         self.broker = Broker.from_config(config, self.mirror)
         #: One [[intent_limits]] stop at a time, so checks past a run's limit together write one.
         self.limit_stops = anyio.Lock()
+        #: Watches reading the registry at once (each a page; see ``stops.changes_after``).
+        self.replay_reads = anyio.Semaphore(REPLAY_READS)
 
     @property
     def open(self) -> Stores:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Final
 
 from haltwire.control.access import visible_to
 from haltwire.control.config import Caller
@@ -25,10 +26,13 @@ from haltwire.control.errors import Refused, invalid
 from haltwire.control.plane import Plane
 from haltwire.intents import Intent
 from haltwire.scope import Scope, ScopeError
-from haltwire.stops import StopRecord
+from haltwire.stops import Change, StopRecord
 from haltwire.store.registry import AlreadyCleared, RegistryUnavailable, UnknownStop
 
 log = logging.getLogger("haltwire.intents")
+
+#: Changes a watch reads from the registry at once.
+REPLAY_PAGE: Final = 25
 
 
 async def issue(
@@ -72,6 +76,20 @@ async def listed(plane: Plane, caller: Caller, every: bool) -> list[StopRecord]:
     registry = plane.open.registry
     stops = await registry.all_stops() if every else await registry.active_stops(now=time.time())
     return [s for s in stops if await visible_to(plane, caller, s.scope)]
+
+
+async def changes_after(plane: Plane, caller: Caller, revision: int) -> tuple[list[Change], int]:
+    """The next page of registry changes after ``revision`` that ``caller`` may see, and the
+    last revision read (past the page when the caller may see none of it).
+
+    Pages are small and read a few at a time (``Plane.replay_reads``): a watch replaying a long
+    history holds one page, not the history, so a hundred watchers replaying at once cost the
+    control plane megabytes, not gigabytes.
+    """
+    async with plane.replay_reads:
+        page = await plane.open.registry.changes_since(revision, limit=REPLAY_PAGE)
+    last = page[-1].revision if page else revision
+    return [c for c in page if await visible_to(plane, caller, c.stop.scope)], last
 
 
 async def audit_cancelled(

@@ -19,7 +19,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from haltwire.control import stops
-from haltwire.control.access import visible_to
 from haltwire.control.errors import Refused, invalid
 from haltwire.control.routes.views import change_json, stop_json
 from haltwire.control.routes.wire import Body, body, caller, plane_of
@@ -92,30 +91,30 @@ async def watch(request: Request) -> Response:
         if last_id is not None
         else _revision(request.query_params.get("since"), "since")
     )
-    registry = plane.open.registry
-    first = await registry.changes_since(since)  # a failing store answers 503 before streaming
+    # A failing store answers 503 before streaming.
+    first = await stops.changes_after(plane, who, since)
 
     async def events() -> AsyncIterator[ServerSentEvent]:
-        changes, last, replayed = first, since, False
+        after, (changes, last), replayed = since, first, False
         while True:
+            read_any = last > after  # the page read was not empty (some may be hidden from us)
             for c in changes:
-                last = c.revision
-                if await visible_to(plane, who, c.stop.scope):
-                    yield ServerSentEvent(
-                        json.dumps(change_json(c), separators=(",", ":")), event=c.kind, id=str(c.revision)
-                    )
+                yield ServerSentEvent(
+                    json.dumps(change_json(c), separators=(",", ":")), event=c.kind, id=str(c.revision)
+                )
             changed = plane.changed  # taken before the read: a write after it wakes us
-            if not changes and not replayed:
+            if not read_any and not replayed:
                 # Every missed change is sent: only from here may a watcher count itself current.
                 replayed = True
                 yield ServerSentEvent(comment=CAUGHT_UP, sep="\n")
-            if not changes:
+            if not read_any:
                 # Woken by a write (ours, or another replica's via the registry's
                 # follow_writes), else re-read once a heartbeat period as a fallback.
                 with anyio.move_on_after(plane.heartbeat_s):
                     await changed.wait()
+            after = last
             try:
-                changes = await registry.changes_since(last)
+                changes, last = await stops.changes_after(plane, who, after)
             except RegistryUnavailable as exc:
                 yield ServerSentEvent(json.dumps({"error": str(exc)}), event="error")
                 return
