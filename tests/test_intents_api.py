@@ -21,7 +21,7 @@ import httpx2
 import pytest
 
 from haltwire.control import create_app, parse_control_config
-from haltwire.control.routes.openapi import document
+from haltwire.control.routes import document
 from haltwire.control.stores import Stores, open_stores
 from haltwire.serve import serving
 from test_control import ROLES, TOKEN, cli

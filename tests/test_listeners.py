@@ -23,8 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from haltwire.control import create_app, parse_control_config
-from haltwire.control.routes.admin import AdminOnly
+from haltwire.control import AdminOnly, create_app, parse_control_config
 from haltwire.listener import InFlightCap, ListenerLimits
 from haltwire.serve import serving
 from test_control import TOKEN, auth, config_dict

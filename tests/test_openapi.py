@@ -23,8 +23,7 @@ import pytest
 from starlette.routing import Route
 
 from haltwire.control import create_app, parse_control_config
-from haltwire.control.routes import routes
-from haltwire.control.routes.openapi import document
+from haltwire.control.routes import document, routes
 from haltwire.control.routes.runs import MAX_CHECKPOINT_BYTES
 from haltwire.serve import serving
 from test_control import TOKEN, Events, auth, config_dict, issue
@@ -103,6 +102,14 @@ def test_the_document_lists_exactly_the_routes_the_app_serves() -> None:
             assert operation["operationId"] == handlers[path, method]
     for schema in doc["components"]["schemas"].values():
         jsonschema_rs.meta.validate(schema)
+
+
+async def test_the_docs_pages_show_the_document(tmp_path: Path) -> None:
+    async with control(tmp_path) as client:
+        for page in ("/docs", "/redoc"):
+            r = await client.get(page)  # no token needed, like the document
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/html"), page
+            assert "/openapi.json" in r.text, page
 
 
 def conforms(response: httpx2.Response, method: str, path: str) -> Any:

@@ -109,8 +109,7 @@ def _executor(args: argparse.Namespace) -> int:
 
 
 def _control(args: argparse.Namespace) -> int:
-    from haltwire.control import create_app, load_control_config
-    from haltwire.control.routes.admin import AdminOnly
+    from haltwire.control import AdminOnly, create_app, load_control_config
     from haltwire.control.stores import open_stores
     from haltwire.listener import InFlightCap, check_descriptors
     from haltwire.serve import CannotListen, listen, serve_listeners

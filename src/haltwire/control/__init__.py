@@ -11,10 +11,12 @@ from haltwire.control.config import Caller, ControlConfig, load_control_config, 
 from haltwire.control.errors import Refused
 from haltwire.control.leases import LeaseDesk
 from haltwire.control.routes import create_app
+from haltwire.control.routes.admin import AdminOnly
 from haltwire.tokens import Grant
 
 __all__ = [
     "ROLES",
+    "AdminOnly",
     "Caller",
     "ControlConfig",
     "Grant",

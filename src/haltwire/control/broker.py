@@ -23,12 +23,13 @@ import os
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from jwt.algorithms import OKPAlgorithm
+from typing_extensions import TypedDict  # pydantic reads typing's only from Python 3.12
 
 from haltwire.config import ConfigError
 from haltwire.control.config import BrokerSection, ControlConfig
@@ -41,6 +42,21 @@ from haltwire.store.credentials import CredentialRecord
 from haltwire.store.runs import RunRecord
 
 log = logging.getLogger("haltwire.broker")
+
+
+class Jwk(TypedDict):
+    """A public key (RFC 8037: an Ed25519 OKP key)."""
+
+    kty: Literal["OKP"]
+    crv: Literal["Ed25519"]
+    x: str
+    kid: str
+    alg: Literal["EdDSA"]
+    use: Literal["sig"]
+
+
+class Jwks(TypedDict):
+    keys: list[Jwk]
 
 
 class BrokerKeys:
@@ -91,9 +107,9 @@ class BrokerKeys:
     def kids(self) -> frozenset[str]:
         return frozenset(self._private)
 
-    def jwks(self) -> dict[str, Any]:
+    def jwks(self) -> Jwks:
         """Every public key, as a JWKS (RFC 7517, OKP keys of RFC 8037)."""
-        keys = []
+        keys: list[Jwk] = []
         for kid, key in sorted(self._private.items()):
             jwk = OKPAlgorithm.to_jwk(key.public_key(), as_dict=True)
             keys.append(

@@ -1,39 +1,63 @@
-"""The control plane's HTTP API: every route, and ``create_app`` that serves them.
+"""The control plane's HTTP API: every route, its OpenAPI document, and ``create_app`` that serves them.
 
 A route parses its request, authorizes its caller by role, calls one rule of the control plane
 (``haltwire.control.stops``, ``runs``, ``credentials``, ``intents``, ``reports``) and writes its
 answer. Every write, and every refused write by a known caller, is audited by the rule. A
-failing store answers 503 with a JSON error (fail closed), never a traceback.
+failing store answers 503 with a JSON error (fail closed), never a traceback. FastAPI serves
+the routes and writes the document from them (``openapi.py``); it validates nothing
+(``wire.py`` says why).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
-from starlette.applications import Starlette
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import BaseRoute
 
 from haltwire.control.config import ControlConfig
 from haltwire.control.errors import Refused, unavailable
 from haltwire.control.plane import Plane
-from haltwire.control.routes import credentials, intents, reports, runs, stops
-from haltwire.control.routes.openapi import openapi_json
+from haltwire.control.routes import credentials, intents, openapi, reports, runs, stops
 from haltwire.control.routes.wire import answer
 from haltwire.control.stores import Stores, open_stores
 from haltwire.store.registry import RegistryUnavailable
 
-routes = [
+routes: list[BaseRoute] = [
     *stops.routes,
-    Route("/openapi.json", openapi_json, methods=["GET"]),
+    openapi.route,
     *runs.routes,
     *credentials.routes,
     *intents.routes,
     *reports.routes,
 ]
+
+
+#: Starlette answered HEAD wherever it answered GET; a FastAPI route answers only what it declares.
+_heads = [
+    APIRoute(r.path, r.endpoint, methods=["HEAD"], include_in_schema=False)
+    for r in routes
+    if isinstance(r, APIRoute) and "GET" in (r.methods or ())
+]
+
+
+@functools.cache
+def document() -> dict[str, Any]:
+    """The OpenAPI document, built once (it depends on code only, not on configuration)."""
+    return openapi.document(routes)
+
+
+class ControlApp(FastAPI):
+    def openapi(self) -> dict[str, Any]:
+        return document()  # FastAPI's own lacks what ``openapi.document`` adds
 
 
 async def _refused(request: Request, exc: Exception) -> Response:
@@ -45,7 +69,13 @@ async def _unavailable(request: Request, exc: Exception) -> Response:
     return answer(unavailable(exc))
 
 
-def create_app(config: ControlConfig, stores: Stores | None = None) -> Starlette:
+async def _http_error(request: Request, exc: Exception) -> Response:
+    # An unknown path or method: Starlette's plain-text answer, as before FastAPI (not its JSON).
+    assert isinstance(exc, HTTPException)
+    return PlainTextResponse(exc.detail, status_code=exc.status_code, headers=exc.headers)
+
+
+def create_app(config: ControlConfig, stores: Stores | None = None) -> ControlApp:
     """The control plane. Without ``stores``, they open when the app starts and close when it stops."""
     plane = Plane(config)
 
@@ -62,7 +92,7 @@ def create_app(config: ControlConfig, stores: Stores | None = None) -> Starlette
                 plane.stores = None
 
     @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if stores is not None:
             async with following(stores):
                 yield
@@ -70,10 +100,14 @@ def create_app(config: ControlConfig, stores: Stores | None = None) -> Starlette
         async with open_stores(config.registry) as opened, following(opened):
             yield
 
-    app = Starlette(
-        routes=routes,
+    app = ControlApp(
+        routes=[*routes, *_heads, *openapi.pages],
         lifespan=lifespan,
-        exception_handlers={Refused: _refused, RegistryUnavailable: _unavailable},
+        exception_handlers={Refused: _refused, RegistryUnavailable: _unavailable, HTTPException: _http_error},
+        # The document is served by a route of its own (it is in the document), the pages too.
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.plane = plane
     return app

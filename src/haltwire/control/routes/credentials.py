@@ -7,11 +7,21 @@ from dataclasses import asdict
 from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from haltwire.control import credentials
-from haltwire.control.routes.views import credential_json
-from haltwire.control.routes.wire import Body, body, caller, plane_of
+from haltwire.control.broker import Jwks
+from haltwire.control.routes.runs import RunId
+from haltwire.control.routes.views import Credential, CredentialList, credential_json
+from haltwire.control.routes.wire import (
+    FORBIDDEN_RUN,
+    STOPPED,
+    UNKNOWN_RUN,
+    Body,
+    Route,
+    body,
+    caller,
+    plane_of,
+)
 from haltwire.credentials import JWKS_PATH
 
 
@@ -19,9 +29,9 @@ class CredentialBody(Body):
     audience: str = Field(min_length=1, max_length=256)
 
 
-async def issue_credential(request: Request) -> Response:
+async def issue_credential(request: Request, run_id: RunId) -> Response:
+    """Issue a short-lived credential for one of the run's downstream systems"""
     plane = plane_of(request)
-    run_id = request.path_params["run_id"]
     who = await caller(request, "credential.issue", run_id, write=True)
     credentials.broker(plane)  # 501 before the body is read
     asked = await body(request, who, CredentialBody, "credential.issue", run_id)
@@ -29,21 +39,47 @@ async def issue_credential(request: Request) -> Response:
     return JSONResponse(credential_json(token, record), status_code=201)
 
 
-async def list_credentials(request: Request) -> Response:
-    run_id = request.path_params["run_id"]
+async def list_credentials(request: Request, run_id: RunId) -> Response:
+    """The credential map of a run: every credential issued to it (never the tokens)"""
     who = await caller(request, "credentials.read")
     records = await credentials.listed(plane_of(request), who, run_id)
     return JSONResponse({"credentials": [asdict(r) for r in records]})
 
 
 async def jwks(request: Request) -> Response:
+    """The broker's public keys, to verify credentials with (every stop revokes the credentials
+    issued before it on its scope: follow /v1/watch)"""
     broker = credentials.broker(plane_of(request))
     # Short caching: a verifier meeting an unknown kid refetches anyway.
     return JSONResponse(broker.keys.jwks(), headers={"Cache-Control": "public, max-age=60"})
 
 
+_NOT_CONFIGURED = (501, "broker_not_configured: this control plane has no [broker]")
+
 routes = [
-    Route("/v1/runs/{run_id}/credentials", issue_credential, methods=["POST"]),
-    Route("/v1/runs/{run_id}/credentials", list_credentials, methods=["GET"]),
-    Route(JWKS_PATH, jwks, methods=["GET"]),
+    Route(
+        "POST",
+        "/v1/runs/{run_id}/credentials",
+        issue_credential,
+        "credential.issue",
+        (201, Credential, "the credential (a JWT signed with EdDSA) and its map entry"),
+        (
+            FORBIDDEN_RUN,
+            UNKNOWN_RUN,
+            (409, f"{STOPPED}; or run_ended: the run has ended and gets no more credentials"),
+            (422, "invalid_request: the body is invalid or the audience is not configured"),
+            _NOT_CONFIGURED,
+            503,
+        ),
+        body=CredentialBody,
+    ),
+    Route(
+        "GET",
+        "/v1/runs/{run_id}/credentials",
+        list_credentials,
+        "credentials.read",
+        (200, CredentialList, "the credentials, oldest first"),
+        (FORBIDDEN_RUN, UNKNOWN_RUN, 503),
+    ),
+    Route("GET", JWKS_PATH, jwks, None, (200, Jwks, "the JWKS"), (_NOT_CONFIGURED,)),
 ]

@@ -9,15 +9,24 @@ from typing import Any
 from pydantic import Field, field_validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from haltwire.control import intents
 from haltwire.control.errors import invalid
-from haltwire.control.intents import Decision
 from haltwire.control.routes.runs import MAX_BATCH, RUN_ID
-from haltwire.control.routes.views import intent_json, intents_json
-from haltwire.control.routes.wire import Body, body, caller, plane_of, query_limit
-from haltwire.intents import STATES
+from haltwire.control.routes.views import IntentList, intent_json, intents_json
+from haltwire.control.routes.wire import (
+    ERRORS,
+    Body,
+    Errors,
+    Route,
+    body,
+    caller,
+    limit_query,
+    plane_of,
+    query,
+    query_limit,
+)
+from haltwire.intents import STATES, Intent
 
 
 def _strict_json(value: Any, what: str) -> Any:
@@ -63,18 +72,21 @@ class RejectBody(Body):
 
 
 async def create_intent(request: Request) -> Response:
+    """Record an intent to call an irreversible tool (the executor performs it)"""
     who = await caller(request, "intent.create", write=True)
     asked = await body(request, who, IntentBody, "intent.create")
     intent, created = await intents.create(plane_of(request), who, **asked.model_dump())
     return JSONResponse(intent_json(intent), status_code=201 if created else 200)
 
 
-async def get_intent(request: Request) -> Response:
+async def get_intent(request: Request, intent_id: str) -> Response:
+    """One intent"""
     who = await caller(request, "intent.read")
-    return JSONResponse(intent_json(await intents.readable(plane_of(request), who, request.path_params["intent_id"])))
+    return JSONResponse(intent_json(await intents.readable(plane_of(request), who, intent_id)))
 
 
 async def list_intents(request: Request) -> Response:
+    """Intents, oldest first, of one run and/or in some states"""
     await caller(request, "intents.list")
     query = request.query_params
     limit = query_limit(request, most=MAX_BATCH)
@@ -83,61 +95,158 @@ async def list_intents(request: Request) -> Response:
     unknown = sorted(set(states or ()) - set(STATES))
     if unknown:
         raise invalid(f"not intent states: {', '.join(unknown)}")
-    found = await plane_of(request).open.intents.list(run_id=query.get("run") or None, states=states, limit=limit)
+    found = await plane_of(request).open.intents.list(
+        run_id=query.get("run") or None, states=states, limit=limit
+    )
     return JSONResponse(intents_json(found))
 
 
 async def claim_intent(request: Request) -> Response:
+    """Claim the oldest pending intent for the calling executor"""
     who = await caller(request, "intent.claim", write=True)
     intent = await intents.claim(plane_of(request), who)
     return Response(status_code=204) if intent is None else JSONResponse(intent_json(intent))
 
 
-async def _decide(request: Request, action: Decision, model: type[Body] | None, said: str = "") -> Response:
-    """commit, fail, approve, reject: ``said`` names the body field the rule takes."""
-    intent_id = request.path_params["intent_id"]
-    who = await caller(request, f"intent.{action}", intent_id, write=True)
-    asked = None if model is None else await body(request, who, model, f"intent.{action}", intent_id)
-    intent = await intents.decide(plane_of(request), who, action, intent_id, getattr(asked, said, None))
-    return JSONResponse(intent_json(intent))
+async def commit_intent(request: Request, intent_id: str) -> Response:
+    """Record a claimed intent's outcome"""
+    who = await caller(request, "intent.commit", intent_id, write=True)
+    asked = await body(request, who, CommitBody, "intent.commit", intent_id)
+    return JSONResponse(
+        intent_json(await intents.decide(plane_of(request), who, "commit", intent_id, asked.outcome))
+    )
 
 
-async def commit_intent(request: Request) -> Response:
-    return await _decide(request, "commit", CommitBody, "outcome")
+async def fail_intent(request: Request, intent_id: str) -> Response:
+    """Record that a claimed intent's call failed"""
+    who = await caller(request, "intent.fail", intent_id, write=True)
+    asked = await body(request, who, FailBody, "intent.fail", intent_id)
+    return JSONResponse(
+        intent_json(await intents.decide(plane_of(request), who, "fail", intent_id, asked.error))
+    )
 
 
-async def fail_intent(request: Request) -> Response:
-    return await _decide(request, "fail", FailBody, "error")
+async def approve_intent(request: Request, intent_id: str) -> Response:
+    """Approve an intent awaiting approval"""
+    who = await caller(request, "intent.approve", intent_id, write=True)
+    return JSONResponse(intent_json(await intents.decide(plane_of(request), who, "approve", intent_id)))
 
 
-async def approve_intent(request: Request) -> Response:
-    return await _decide(request, "approve", None)
-
-
-async def reject_intent(request: Request) -> Response:
-    return await _decide(request, "reject", RejectBody, "reason")
+async def reject_intent(request: Request, intent_id: str) -> Response:
+    """Reject an intent awaiting approval"""
+    who = await caller(request, "intent.reject", intent_id, write=True)
+    asked = await body(request, who, RejectBody, "intent.reject", intent_id)
+    return JSONResponse(
+        intent_json(await intents.decide(plane_of(request), who, "reject", intent_id, asked.reason))
+    )
 
 
 async def mark_unknown(request: Request) -> Response:
+    """After an executor's restart: every intent it had claimed becomes unknown"""
     who = await caller(request, "intent.unknown", write=True)
     return JSONResponse(intents_json(await intents.mark_unknown(plane_of(request), who)))
 
 
-async def check_intent(request: Request) -> Response:
-    intent_id = request.path_params["intent_id"]
+async def check_intent(request: Request, intent_id: str) -> Response:
+    """The executor's final registry check before it performs a claimed intent's call"""
     who = await caller(request, "intent.check", intent_id, write=True)
     return JSONResponse(intent_json(await intents.check(plane_of(request), who, intent_id)))
 
 
+_UNKNOWN = (404, "unknown_intent: no intent has this id")
+_TRANSITION = (
+    409,
+    "invalid_transition: the intent's state does not allow this, or another executor claimed it",
+)
+_ONE = (200, Intent, "the intent")
+
+
+def _settle(path: str, endpoint: Any, action: str, body: type[Body] | None = None) -> Route:
+    """A decision on one intent: its answer is the intent as decided."""
+    errors: Errors = (_UNKNOWN, _TRANSITION, *((422,) if body else ()), 503)
+    return Route("POST", path, endpoint, action, _ONE, errors, body=body)
+
+
 routes = [
-    Route("/v1/intents", create_intent, methods=["POST"]),
-    Route("/v1/intents", list_intents, methods=["GET"]),
-    Route("/v1/intents/claim", claim_intent, methods=["POST"]),
-    Route("/v1/intents/unknown", mark_unknown, methods=["POST"]),
-    Route("/v1/intents/{intent_id}", get_intent, methods=["GET"]),
-    Route("/v1/intents/{intent_id}/check", check_intent, methods=["POST"]),
-    Route("/v1/intents/{intent_id}/commit", commit_intent, methods=["POST"]),
-    Route("/v1/intents/{intent_id}/fail", fail_intent, methods=["POST"]),
-    Route("/v1/intents/{intent_id}/approve", approve_intent, methods=["POST"]),
-    Route("/v1/intents/{intent_id}/reject", reject_intent, methods=["POST"]),
+    Route(
+        "POST",
+        "/v1/intents",
+        create_intent,
+        "intent.create",
+        (201, Intent, "the intent recorded (cancelled at once if a stop landed while it was recorded)"),
+        (
+            (
+                409,
+                "idempotency_conflict: the key was used for another tool or other arguments; "
+                "or stopped: an active stop matches one of the intent's scopes (scope, stop_id "
+                "and reason say which; nothing is recorded)",
+            ),
+            422,
+            503,
+        ),
+        also=[(200, Intent, "a repeated idempotency key: the intent recorded first")],
+        body=IntentBody,
+    ),
+    Route(
+        "GET",
+        "/v1/intents",
+        list_intents,
+        "intents.list",
+        (200, IntentList, "the intents, oldest first"),
+        ((422, f"invalid_request: limit is not a number from 1 to {MAX_BATCH}, or a state unknown"), 503),
+        query=[
+            query("run", {"type": "string"}, "only this run's intents"),
+            query(
+                "state",
+                {"enum": list(STATES)},
+                "only intents in this state (repeat it, or separate states by commas, for several)",
+            ),
+            limit_query(MAX_BATCH, "intents"),
+        ],
+    ),
+    Route(
+        "POST",
+        "/v1/intents/claim",
+        claim_intent,
+        "intent.claim",
+        _ONE,
+        (503,),
+        also=[(204, None, "no intent is pending")],
+    ),
+    Route(
+        "POST",
+        "/v1/intents/unknown",
+        mark_unknown,
+        "intent.unknown",
+        (200, IntentList, "the intents now unknown"),
+        (503,),
+    ),
+    Route(
+        "GET",
+        "/v1/intents/{intent_id}",
+        get_intent,
+        "intent.read",
+        _ONE,
+        ((403, ERRORS[403] + ", or the intent is another agent's"), _UNKNOWN, 503),
+    ),
+    Route(
+        "POST",
+        "/v1/intents/{intent_id}/check",
+        check_intent,
+        "intent.check",
+        (200, Intent, "no stop matches: checked_revision records the revision checked"),
+        (
+            _UNKNOWN,
+            (
+                409,
+                "stopped: a stop matches the intent (or its run reached a per-run intent limit, "
+                "which wrote one); the intent is now cancelled (error.intent); or invalid_transition",
+            ),
+            503,
+        ),
+    ),
+    _settle("/v1/intents/{intent_id}/commit", commit_intent, "intent.commit", CommitBody),
+    _settle("/v1/intents/{intent_id}/fail", fail_intent, "intent.fail", FailBody),
+    _settle("/v1/intents/{intent_id}/approve", approve_intent, "intent.approve"),
+    _settle("/v1/intents/{intent_id}/reject", reject_intent, "intent.reject", RejectBody),
 ]

@@ -4,19 +4,35 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from typing import Any, Final
+from typing import Annotated, Any, Final
 
+from fastapi import Path
 from pydantic import Field, field_validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from haltwire.control import runs
 from haltwire.control.errors import Refused
-from haltwire.control.routes.views import checkpoint_json, run_json
-from haltwire.control.routes.wire import Body, body, caller, parse_body, plane_of, query_limit
+from haltwire.control.routes.views import Registration, Renewals, RunList, checkpoint_json, run_json
+from haltwire.control.routes.wire import (
+    FORBIDDEN_RUN,
+    STOPPED,
+    UNKNOWN_RUN,
+    Body,
+    Route,
+    body,
+    caller,
+    limit_query,
+    parse_body,
+    plane_of,
+    query_limit,
+)
+from haltwire.store.runs import Checkpoint, RunRecord
+from haltwire.tokens import Grant
 
 RUN_ID: Final = r"^[A-Za-z0-9_.:-]{1,128}$"
+#: A run id in a path: documented with the pattern ids have; any other is simply unknown (404).
+RunId = Annotated[str, Path(json_schema_extra={"pattern": RUN_ID})]
 MAX_BATCH: Final = 1000
 #: A checkpoint is a run's resumable state, not its transcript: bounded, so one run cannot fill the store.
 MAX_CHECKPOINT_BYTES: Final = 1 << 20
@@ -48,6 +64,7 @@ class CheckpointBody(Body):
 
 
 async def register_run(request: Request) -> Response:
+    """Register a run and grant its first lease"""
     plane = plane_of(request)
     who = await caller(request, "run.register", write=True)
     runs.desk(plane)  # 501 before the body is read
@@ -57,9 +74,9 @@ async def register_run(request: Request) -> Response:
     return JSONResponse(answer, status_code=201)
 
 
-async def renew_lease(request: Request) -> Response:
+async def renew_lease(request: Request, run_id: RunId) -> Response:
+    """Renew a run's lease"""
     who = await caller(request, "lease.renew")
-    run_id = request.path_params["run_id"]
     granted, refused = await runs.renew(plane_of(request), who, [run_id])
     if run_id in refused:
         raise refused[run_id]
@@ -67,6 +84,7 @@ async def renew_lease(request: Request) -> Response:
 
 
 async def renew_leases(request: Request) -> Response:
+    """Renew many runs' leases in one request"""
     plane = plane_of(request)
     who = await caller(request, "lease.renew")
     runs.desk(plane)
@@ -76,15 +94,15 @@ async def renew_leases(request: Request) -> Response:
     return JSONResponse({"leases": leases, "refused": {run_id: r.error() for run_id, r in refused.items()}})
 
 
-async def end_run(request: Request) -> Response:
-    run_id = request.path_params["run_id"]
+async def end_run(request: Request, run_id: RunId) -> Response:
+    """End a run: it gets no more leases"""
     who = await caller(request, "run.end", run_id, write=True)
     return JSONResponse(run_json(await runs.end(plane_of(request), who, run_id)))
 
 
-async def save_checkpoint(request: Request) -> Response:
+async def save_checkpoint(request: Request, run_id: RunId) -> Response:
+    """Save a run's next checkpoint"""
     plane = plane_of(request)
-    run_id = request.path_params["run_id"]
     who = await caller(request, "checkpoint.save", run_id, write=True)
     if len(await request.body()) > MAX_CHECKPOINT_BYTES:
         too_large = Refused(413, "payload_too_large", f"a checkpoint is at most {MAX_CHECKPOINT_BYTES} bytes")
@@ -93,31 +111,133 @@ async def save_checkpoint(request: Request) -> Response:
     return JSONResponse(asdict(await runs.save_checkpoint(plane, who, run_id, asked.data)))
 
 
-async def latest_checkpoint(request: Request) -> Response:
-    run_id = request.path_params["run_id"]
+async def latest_checkpoint(request: Request, run_id: RunId) -> Response:
+    """A run's latest checkpoint"""
     who = await caller(request, "checkpoint.read")
     return JSONResponse(asdict(await runs.latest_checkpoint(plane_of(request), who, run_id)))
 
 
-async def get_run(request: Request) -> Response:
+async def get_run(request: Request, run_id: RunId) -> Response:
+    """One run"""
     who = await caller(request, "run.read")
-    run = await runs.run_for(plane_of(request), who, request.path_params["run_id"], "run.read", audit=False)
+    run = await runs.run_for(plane_of(request), who, run_id, "run.read", audit=False)
     return JSONResponse(run_json(run))
 
 
 async def list_runs(request: Request) -> Response:
+    """The most recently registered runs, newest first"""
     await caller(request, "runs.list")
     limit = query_limit(request, most=MAX_BATCH)
     return JSONResponse({"runs": [run_json(r) for r in await plane_of(request).open.runs.list(limit)]})
 
 
+#: A run just registered can be read, renewed, checkpointed, reported and ended through these links.
+RUN_LINKS: Final = {
+    operation_id: {"operationId": operation_id, "parameters": {"run_id": "$response.body#/run/run_id"}}
+    for operation_id in (
+        "get_run",
+        "renew_lease",
+        "save_checkpoint",
+        "latest_checkpoint",
+        "end_run",
+        "issue_credential",
+        "list_credentials",
+        "run_report",
+    )
+}
+
 routes = [
-    Route("/v1/runs", register_run, methods=["POST"]),
-    Route("/v1/runs", list_runs, methods=["GET"]),
-    Route("/v1/runs/{run_id}", get_run, methods=["GET"]),
-    Route("/v1/runs/{run_id}/lease", renew_lease, methods=["POST"]),
-    Route("/v1/runs/{run_id}/end", end_run, methods=["POST"]),
-    Route("/v1/runs/{run_id}/checkpoint", save_checkpoint, methods=["PUT"]),
-    Route("/v1/runs/{run_id}/checkpoint", latest_checkpoint, methods=["GET"]),
-    Route("/v1/leases/renew", renew_leases, methods=["POST"]),
+    Route(
+        "POST",
+        "/v1/runs",
+        register_run,
+        "run.register",
+        (201, Registration, "the run, its first lease and the checkpoint it resumes from"),
+        (
+            (
+                409,
+                f"run_exists: a run with this id was registered before; or {STOPPED} (nothing is recorded)",
+            ),
+            (
+                422,
+                "invalid_request: the body is invalid, the agent_class unknown, "
+                "or resume_from not a run of this agent",
+            ),
+            501,
+            503,
+        ),
+        body=RegisterBody,
+        links=RUN_LINKS,
+    ),
+    Route(
+        "GET",
+        "/v1/runs",
+        list_runs,
+        "runs.list",
+        (200, RunList, "the runs"),
+        ((422, f"invalid_request: limit is not a number from 1 to {MAX_BATCH}"), 503),
+        query=[limit_query(MAX_BATCH, "runs")],
+    ),
+    Route(
+        "GET",
+        "/v1/runs/{run_id}",
+        get_run,
+        "run.read",
+        (200, RunRecord, "the run"),
+        (FORBIDDEN_RUN, UNKNOWN_RUN, 503),
+    ),
+    Route(
+        "POST",
+        "/v1/runs/{run_id}/lease",
+        renew_lease,
+        "lease.renew",
+        (200, Grant, "the new lease"),
+        (
+            FORBIDDEN_RUN,
+            UNKNOWN_RUN,
+            (409, f"{STOPPED}; or run_ended: the run has ended and gets no more leases"),
+            501,
+            503,
+        ),
+    ),
+    Route(
+        "POST",
+        "/v1/runs/{run_id}/end",
+        end_run,
+        "run.end",
+        (200, RunRecord, "the run, ended_at set (by the first end)"),
+        (FORBIDDEN_RUN, UNKNOWN_RUN, 503),
+    ),
+    Route(
+        "PUT",
+        "/v1/runs/{run_id}/checkpoint",
+        save_checkpoint,
+        "checkpoint.save",
+        (200, Checkpoint, "the checkpoint saved"),
+        (
+            FORBIDDEN_RUN,
+            UNKNOWN_RUN,
+            (413, f"payload_too_large: the body is over {MAX_CHECKPOINT_BYTES} bytes"),
+            422,
+            503,
+        ),
+        body=CheckpointBody,
+    ),
+    Route(
+        "GET",
+        "/v1/runs/{run_id}/checkpoint",
+        latest_checkpoint,
+        "checkpoint.read",
+        (200, Checkpoint, "the latest checkpoint"),
+        (FORBIDDEN_RUN, (404, f"{UNKNOWN_RUN[1]}; or no_checkpoint: the run has saved no checkpoint"), 503),
+    ),
+    Route(
+        "POST",
+        "/v1/leases/renew",
+        renew_leases,
+        "lease.renew",
+        (200, Renewals, "a lease for each run granted one, an error for each refused"),
+        (422, 501, 503),
+        body=RenewBody,
+    ),
 ]

@@ -10,25 +10,37 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from dataclasses import asdict
+from typing import Any, Final, get_args
 
 import anyio
 from pydantic import Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from haltwire.control import stops
 from haltwire.control.errors import Refused, invalid
-from haltwire.control.routes.views import change_json, stop_json
-from haltwire.control.routes.wire import Body, body, caller, plane_of
+from haltwire.control.routes.views import AuditList, Health, StopList, change_json, stop_json
+from haltwire.control.routes.wire import JSON, REF, Body, Route, body, caller, plane_of, query
+from haltwire.scope import KINDS
 from haltwire.sse import CAUGHT_UP
-from haltwire.store.audit import verify
+from haltwire.stops import Change, ChangeKind, StopRecord
+from haltwire.store.audit import VerifyResult, verify
 from haltwire.store.registry import RegistryUnavailable
+
+#: ``Scope.parse``'s grammar (scope.py), so generated bodies mostly name real scopes. For the
+#: document only: the rule refuses a bad scope with its own words.
+SCOPE_PATTERN: Final = (
+    rf"^(global|({'|'.join(k for k in KINDS if k not in ('global', 'version'))}):\S(.*\S)?"
+    r"|version:[^@\s][^@]*@.*\S)$"
+)
 
 
 class IssueBody(Body):
-    scope: str
+    scope: str = Field(
+        description="run:ID, tenant:ID, tool:NAME, agent:ID, version:AGENT@VERSION or global",
+        json_schema_extra={"pattern": SCOPE_PATTERN},
+    )
     reason: str = Field(min_length=1)
     expires_at: float | None = Field(default=None, allow_inf_nan=False)  # inf made every stops list a 500
 
@@ -38,6 +50,7 @@ class ClearBody(Body):
 
 
 async def issue_stop(request: Request) -> Response:
+    """Issue a stop"""
     plane = plane_of(request)
     who = await caller(request, "stop.issue", write=True)
     asked = await body(request, who, IssueBody, "stop.issue")
@@ -45,27 +58,30 @@ async def issue_stop(request: Request) -> Response:
     return JSONResponse(stop_json(stop), status_code=201)
 
 
-async def clear_stop(request: Request) -> Response:
+async def clear_stop(request: Request, stop_id: str) -> Response:
+    """Clear a stop"""
     plane = plane_of(request)
-    stop_id = request.path_params["stop_id"]
     who = await caller(request, "stop.clear", stop_id, write=True)
     asked = await body(request, who, ClearBody, "stop.clear", stop_id)
     return JSONResponse(stop_json(await stops.clear(plane, who, stop_id, asked.reason)))
 
 
 async def list_stops(request: Request) -> Response:
+    """Active stops (all stops ever with all=1), as visible to the caller"""
     who = await caller(request, "stops.read")
     every = request.query_params.get("all") in ("1", "true", "yes")
     return JSONResponse({"stops": [stop_json(s) for s in await stops.listed(plane_of(request), who, every)]})
 
 
 async def list_audit(request: Request) -> Response:
+    """The audit log, oldest first"""
     await caller(request, "audit.read")
     records = await plane_of(request).open.audit.records(target=request.query_params.get("target"))
     return JSONResponse({"records": [asdict(r) for r in records]})
 
 
 async def verify_audit(request: Request) -> Response:
+    """Check the audit log's hash chain"""
     await caller(request, "audit.read")
     return JSONResponse(asdict(verify(await plane_of(request).open.audit.records())))
 
@@ -83,6 +99,7 @@ def _revision(text: str | None, name: str) -> int:
 
 
 async def watch(request: Request) -> Response:
+    """Watch registry changes after a revision"""
     plane = plane_of(request)
     who = await caller(request, "watch")
     last_id = request.headers.get("last-event-id")
@@ -129,6 +146,7 @@ async def watch(request: Request) -> Response:
 
 
 async def healthz(request: Request) -> Response:
+    """Liveness and the registry's revision"""
     try:
         revision = await plane_of(request).open.registry.revision()
     except RegistryUnavailable as exc:
@@ -136,12 +154,91 @@ async def healthz(request: Request) -> Response:
     return JSONResponse({"ok": True, "revision": revision})
 
 
+def _watch_events() -> dict[str, Any]:
+    """One server-sent event: a registry change, or an ``error`` event before the stream ends."""
+
+    def event(kind: dict[str, Any], data: dict[str, Any], with_id: bool) -> dict[str, Any]:
+        properties = {
+            "event": kind,
+            "data": {"type": "string", "contentMediaType": JSON, "contentSchema": data},
+        }
+        if with_id:
+            properties["id"] = {"type": "string", "pattern": "^[0-9]+$"}
+        return {"type": "object", "properties": properties, "required": list(properties)}
+
+    change = event({"enum": list(get_args(ChangeKind))}, {"$ref": REF.format(model="Change")}, True)
+    failure = event(
+        {"const": "error"},
+        {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]},
+        False,
+    )
+    return {"text/event-stream": {"schema": {"oneOf": [change, failure]}}}
+
+
+#: A stop just issued can be cleared: schemathesis' stateful phase follows this link.
+_CLEAR_LINK = {"clear": {"operationId": "clear_stop", "parameters": {"stop_id": "$response.body#/stop_id"}}}
+_REVISION = {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}  # the stores' 64-bit column
+_EVENTS = (
+    "Server-sent events: each registry change after the revision (the event id is its revision), "
+    "with heartbeat comments; an `error` event ends the stream if the registry fails"
+)
+
 routes = [
-    Route("/healthz", healthz),
-    Route("/v1/stops", issue_stop, methods=["POST"]),
-    Route("/v1/stops", list_stops, methods=["GET"]),
-    Route("/v1/stops/{stop_id}/clear", clear_stop, methods=["POST"]),
-    Route("/v1/audit", list_audit),
-    Route("/v1/audit/verify", verify_audit),
-    Route("/v1/watch", watch),
+    Route("GET", "/healthz", healthz, None, (200, Health, "ok"), (503,)),
+    Route(
+        "POST",
+        "/v1/stops",
+        issue_stop,
+        "stop.issue",
+        (201, StopRecord, "the stop issued"),
+        (422, 503),
+        body=IssueBody,
+        links=_CLEAR_LINK,
+    ),
+    Route(
+        "GET",
+        "/v1/stops",
+        list_stops,
+        "stops.read",
+        (200, StopList, "the stops"),
+        (503,),
+        query=[query("all", {"type": "string"}, "1, true or yes: every stop, cleared and expired too")],
+    ),
+    Route(
+        "POST",
+        "/v1/stops/{stop_id}/clear",
+        clear_stop,
+        "stop.clear",
+        (200, StopRecord, "the stop as cleared"),
+        (
+            (404, "unknown_stop: no stop has this id"),
+            (409, "already_cleared: the stop was cleared before"),
+            422,
+            503,
+        ),
+        body=ClearBody,
+    ),
+    Route(
+        "GET",
+        "/v1/audit",
+        list_audit,
+        "audit.read",
+        (200, AuditList, "the records"),
+        (503,),
+        query=[query("target", {"type": "string"}, "only records about this target (a stop id, a scope)")],
+    ),
+    Route("GET", "/v1/audit/verify", verify_audit, "audit.read", (200, VerifyResult, "the result"), (503,)),
+    Route(
+        "GET",
+        "/v1/watch",
+        watch,
+        "watch",
+        (200, _watch_events(), _EVENTS),
+        (422, 503),
+        query=[
+            query("since", _REVISION, "the last revision seen (default 0: from the start)"),
+            query("Last-Event-ID", _REVISION, "a reconnecting client's last event id", "header"),
+        ],
+        refers=(Change,),
+    ),
 ]

@@ -1,15 +1,89 @@
-"""How the control plane's records are written as JSON: one function per record, used by every route."""
+"""How the control plane's records are written as JSON: one function per record, used by every route.
+
+A record's schema in the OpenAPI document is its dataclass's (``StopRecord``, ``RunRecord``,
+``Intent``...); the answers that wrap records, and the error body, are the ``TypedDict``s here.
+The document closes every one of them (``openapi.py``): each field always written, no other.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Literal, NotRequired
+
+from typing_extensions import TypedDict  # pydantic reads typing's only from Python 3.12
 
 from haltwire.control.reports import SECTIONS, RunReport
 from haltwire.intents import Intent
 from haltwire.stops import Change, StopRecord
+from haltwire.store.audit import AuditRecord
 from haltwire.store.credentials import CredentialRecord
 from haltwire.store.runs import Checkpoint, RunRecord
+from haltwire.tokens import Grant
+
+
+class ErrorObject(TypedDict):
+    """``Refused.error()``: of every error body, and of each refused run in a batched renewal.
+    Optional: who may (403), which stop refused (409 ``stopped``), the intent it cancelled."""
+
+    code: str
+    message: str
+    retryable: bool
+    needed_roles: NotRequired[list[str]]
+    scope: NotRequired[str]
+    stop_id: NotRequired[str]
+    reason: NotRequired[str]
+    intent: NotRequired[Intent]
+
+
+class Error(TypedDict):
+    error: ErrorObject
+
+
+class Health(TypedDict):
+    ok: Literal[True]
+    revision: int
+
+
+class StopList(TypedDict):
+    stops: list[StopRecord]
+
+
+class AuditList(TypedDict):
+    records: list[AuditRecord]
+
+
+class RunList(TypedDict):
+    runs: list[RunRecord]
+
+
+class IntentList(TypedDict):
+    intents: list[Intent]
+
+
+class Registration(TypedDict):
+    run: RunRecord
+    lease: Grant
+    checkpoint: Checkpoint | None
+
+
+class Renewals(TypedDict):
+    leases: dict[str, Grant]
+    refused: dict[str, ErrorObject]
+
+
+class Credential(TypedDict):
+    """An issued credential: the token and its map entry, less the run (the caller named it)."""
+
+    token: str
+    jti: str
+    audience: str
+    issued_at: float
+    expires_at: float
+    kid: str
+
+
+class CredentialList(TypedDict):
+    credentials: list[CredentialRecord]
 
 
 def stop_json(stop: StopRecord) -> dict[str, Any]:
@@ -36,8 +110,7 @@ def intents_json(intents: list[Intent]) -> dict[str, Any]:
     return {"intents": [intent_json(i) for i in intents]}
 
 
-def credential_json(token: str, record: CredentialRecord) -> dict[str, Any]:
-    """An issued credential: the token and its map entry, less the run (the caller named it)."""
+def credential_json(token: str, record: CredentialRecord) -> Credential:
     return {
         "token": token,
         "jti": record.jti,

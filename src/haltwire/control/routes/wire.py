@@ -1,23 +1,57 @@
-"""What every control-plane route shares on the wire: the caller, request bodies, error answers.
+"""What every control-plane route shares on the wire: its declaration, the caller, request
+bodies, error answers.
 
-A route authenticates and authorizes its caller (``caller``), parses its body (``parse_body``:
-a pydantic model that forbids unknown keys; a bad one is 422 ``invalid_request`` naming each
-problem), calls one rule and writes its answer. Every refusal a rule raises is ``Refused``,
-answered as ``{"error": {"code", "message", "retryable", ...}}`` (``answer``).
+A route (``Route``: a FastAPI route and its operation in the OpenAPI document) authenticates
+and authorizes its caller (``caller``), parses its body (``parse_body``: a pydantic model that
+forbids unknown keys; a bad one is 422 ``invalid_request`` naming each problem), calls one rule
+and writes its answer. Every refusal a rule raises is ``Refused``, answered as
+``{"error": {"code", "message", "retryable", ...}}`` (``answer``).
+
+FastAPI validates nothing here. It would decode a body before the caller is known and answer
+its own 422, unaudited: a body model is in the document only, and the handler parses it after
+authorizing. A path parameter is any string; the query is read by the handler. So a route
+calls its handler itself, with the request and the path's parameters.
 """
 
 from __future__ import annotations
 
-from typing import TypeVar
+import inspect
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, Final, TypeVar, get_args
 
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic.json_schema import JsonSchemaMode
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
-from haltwire.control.access import authenticate, authorize
-from haltwire.control.config import Caller
+from haltwire.control.access import ROLES, authenticate, authorize
+from haltwire.control.config import Caller, Role
 from haltwire.control.errors import Refused, invalid
 from haltwire.control.plane import Plane
+from haltwire.control.routes.views import Error
+
+JSON: Final = "application/json"
+REF: Final = "#/components/schemas/{model}"
+
+#: The meanings shared by every operation; 404, 409 and others are described per operation.
+ERRORS: Final = {
+    401: "unauthenticated: no, malformed or unknown bearer token",
+    403: "forbidden: the caller's role may not do this (needed_roles lists who may)",
+    422: "invalid_request: the body or a parameter is invalid",
+    501: "leases_not_configured: this control plane has no [leases] keys",
+    503: "registry_unavailable: the stop registry, run store or audit log failed (fail closed; retryable)",
+}
+FORBIDDEN_RUN: Final = (403, ERRORS[403] + ", or the run is another agent's")
+UNKNOWN_RUN: Final = (404, "unknown_run: no run has this id")
+STOPPED: Final = (
+    "stopped: an active stop matches one of the run's scopes (scope, stop_id and reason say which)"
+)
+
+#: A status with its meaning in ``ERRORS``, or (status, meaning) for this operation's own.
+Errors = Sequence[int | tuple[int, str]]
+#: An answer: its status, its model (or, not JSON, its content by media type), what it is.
+Answer = tuple[int, Any, str]
 
 
 class Body(BaseModel):
@@ -27,6 +61,92 @@ class Body(BaseModel):
 
 
 BodyT = TypeVar("BodyT", bound=Body)
+
+
+class Route(APIRoute):
+    """One route, and its operation in the document.
+
+    ``action`` is its ``ROLES`` key (401, and 403 unless every role may), or None for a route
+    open to all. The handler's docstring is the summary, ``answer`` the success, ``also``
+    other answers that are not errors; ``query`` the parameters the handler reads itself;
+    ``refers`` records that a non-JSON answer's content names (the watch's ``Change``).
+    """
+
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        endpoint: Callable[..., Awaitable[Response]],
+        action: str | None,
+        answer: Answer,
+        errors: Errors = (),
+        *,
+        also: Sequence[Answer] = (),
+        body: type[Body] | None = None,
+        query: Sequence[dict[str, Any]] = (),
+        links: dict[str, Any] | None = None,
+        refers: Sequence[type] = (),
+    ) -> None:
+        #: What the document needs and FastAPI does not see: the body, the records ``content`` names.
+        self.models: list[tuple[type, JsonSchemaMode]] = [(r, "serialization") for r in refers]
+        if body is not None:
+            self.models.append((body, "validation"))
+        status, model, said = answer
+        meanings = dict(c if isinstance(c, tuple) else (c, ERRORS[c]) for c in errors)
+        extra: dict[str, Any] = {}
+        if action is None:
+            extra["security"] = []
+        else:
+            meanings.setdefault(401, ERRORS[401])
+            if ROLES[action] != frozenset(get_args(Role)):
+                meanings.setdefault(403, ERRORS[403])
+        responses: dict[int | str, dict[str, Any]] = {
+            code: {"model": Error, "description": meanings[code]} for code in sorted(meanings)
+        }
+        for code, other, description in also:
+            responses[code] = {"description": description, **({"model": other} if other else {})}
+        if isinstance(model, dict):  # another media type: FastAPI would say JSON
+            responses[status] = {"description": said, "content": model}
+        if links:
+            responses.setdefault(status, {})["links"] = links
+        if body is not None:
+            schema = {"$ref": REF.format(model=body.__name__)}
+            extra["requestBody"] = {"required": True, "content": {JSON: {"schema": schema}}}
+        if query:
+            extra["parameters"] = list(query)
+        super().__init__(
+            path,
+            endpoint,
+            methods=[method],
+            operation_id=endpoint.__name__,
+            summary=" ".join((inspect.getdoc(endpoint) or "").split()),
+            status_code=status,
+            response_model=None if isinstance(model, dict) else model,
+            response_class=Response if isinstance(model, dict) else JSONResponse,
+            response_description=said,
+            responses=responses,
+            openapi_extra=extra,
+        )
+        # Not the docstring again (FastAPI's default): who may call it.
+        self.description = "" if action is None else f"Roles: {', '.join(sorted(ROLES[action]))}."
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        # FastAPI's handler solves dependencies for every request (~70 µs here, a lease renewal's
+        # hot path). Ours take only the request and the path's parameters, strings as matched.
+        endpoint = self.endpoint
+        if list(inspect.signature(endpoint).parameters) != ["request", *self.param_convertors]:
+            raise TypeError(f"{endpoint.__name__} must take the request, then its path's parameters")
+
+        async def handler(request: Request) -> Response:
+            response: Response = await endpoint(request, **request.path_params)
+            return response
+
+        return handler
+
+
+def query(name: str, schema: dict[str, Any], description: str, where: str = "query") -> dict[str, Any]:
+    """A parameter the handler reads itself, for the document."""
+    return {"name": name, "in": where, "required": False, "schema": schema, "description": description}
 
 
 def plane_of(request: Request) -> Plane:
@@ -72,6 +192,12 @@ def query_limit(request: Request, default: int = 100, most: int = 1000) -> int:
     if not 1 <= limit <= most:
         raise invalid(f"limit must be from 1 to {most}")
     return limit
+
+
+def limit_query(most: int, what: str) -> dict[str, Any]:
+    """``?limit=`` for the document."""
+    schema = {"type": "integer", "minimum": 1, "maximum": most, "default": 100}
+    return query("limit", schema, f"how many {what}")
 
 
 def answer(refused: Refused) -> JSONResponse:
