@@ -108,6 +108,8 @@ def create_app(config: ControlConfig, stores: Stores | None = None) -> ControlAp
         openapi_url=None,
         docs_url=None,
         redoc_url=None,
+        # No OpenTelemetry export configured from the environment: ~15 µs a request to check.
+        telemetry={"tracing": False, "metrics": False, "logs": False, "auto_configure": False},
     )
     app.state.plane = plane
     return app
