@@ -27,6 +27,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from control_harness import TOKEN, cli
 from haltwire.config import ConfigError
 from haltwire.control import create_app, parse_control_config
 from haltwire.control.broker import BrokerKeys
@@ -34,7 +35,6 @@ from haltwire.control.config import BrokerSection
 from haltwire.control.stores import open_stores
 from haltwire.credentials import CredentialRefused, CredentialVerifier
 from haltwire.serve import serving
-from test_control import TOKEN, cli
 from test_leases_api import auth, clear, config_dict, issue, register
 
 pytestmark = pytest.mark.anyio
@@ -85,7 +85,7 @@ async def plane(
     if section is not None:
         data["broker"] = section
     config = parse_control_config(data)
-    async with open_stores(config.registry) as stores:
+    async with open_stores(config) as stores:
         async with serving(create_app(config, stores), port=port, graceful_s=graceful_s) as url:
             async with httpx2.AsyncClient(base_url=url, timeout=10) as client:
                 yield client
@@ -529,8 +529,8 @@ async def gateway_stack(tmp_path: Path) -> AsyncIterator[tuple[httpx2.AsyncClien
     """A control plane (the agent identity is the harness's ops-bot), the demo upstream, and a
     gateway taking broker credentials for audience haltwire-gateway: (control client, gateway
     URL, the demo upstream)."""
+    from control_harness import config_dict as control_config
     from harness import running_gateway, running_upstream
-    from test_control import config_dict as control_config
     from test_gateway_stops import HEARTBEAT_S, gateway_config
 
     data = control_config({"backend": "sqlite", "path": str(tmp_path / "c.db")}, HEARTBEAT_S)

@@ -3,100 +3,19 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import anyio
 import httpx2
 import psycopg
 import pytest
 
-from haltwire.control import create_app, parse_control_config
-from haltwire.control.stores import Stores, open_stores
-from haltwire.serve import serving
+from control_harness import ROLES, TOKEN, Events, auth, cli, control, issue
 from haltwire.store.registry.postgres import DEFAULT_URL, notify_channel
 from harness import postgres_section
 
 pytestmark = pytest.mark.anyio
-
-ROLES = ("operator", "tripwire", "gateway", "executor", "agent", "viewer")
-TOKEN = {role: f"tok-{role}" for role in ROLES}
-
-
-def config_dict(registry: dict[str, Any], heartbeat_s: float = 5.0) -> dict[str, Any]:
-    identities = [
-        {
-            "name": f"{role}-1",
-            "role": role,
-            "token": TOKEN[role],
-            **({"agent": "a1"} if role == "agent" else {}),
-        }
-        for role in ROLES
-    ]
-    return {
-        "control": {"development": True, "heartbeat_s": heartbeat_s},
-        "registry": registry,
-        "identities": identities,
-    }
-
-
-def auth(role: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {TOKEN[role]}"}
-
-
-@asynccontextmanager
-async def control(
-    tmp_path: Path,
-    heartbeat_s: float = 5.0,
-    registry: dict[str, Any] | None = None,
-    *,
-    identities: Sequence[dict[str, Any]] = (),
-) -> AsyncIterator[tuple[httpx2.AsyncClient, Stores]]:
-    section = registry or {"backend": "sqlite", "path": str(tmp_path / "control.db")}
-    data = config_dict(section, heartbeat_s)
-    data["identities"] += list(identities)
-    config = parse_control_config(data)
-    async with open_stores(config.registry) as stores:
-        async with serving(create_app(config, stores)) as url:
-            async with httpx2.AsyncClient(base_url=url, timeout=10) as client:
-                yield client, stores
-
-
-async def issue(client: httpx2.AsyncClient, scope: str, role: str = "operator") -> dict[str, Any]:
-    r = await client.post("/v1/stops", json={"scope": scope, "reason": "runaway"}, headers=auth(role))
-    assert r.status_code == 201, r.text
-    body: dict[str, Any] = r.json()
-    return body
-
-
-class Events:
-    """Reads server-sent events (and heartbeat comments) from one streaming response."""
-
-    def __init__(self, response: httpx2.Response) -> None:
-        self._lines = response.aiter_lines()
-
-    async def next(self, within: float = 5.0) -> dict[str, str]:
-        event: dict[str, str] = {}
-        with anyio.fail_after(within):
-            async for line in self._lines:
-                if not line:
-                    if event:
-                        return event
-                    continue
-                if line.startswith(":"):
-                    return {"comment": line[1:].strip()}
-                key, _, value = line.partition(":")
-                event[key] = value.removeprefix(" ")
-        raise AssertionError("the stream ended")
-
-    async def next_change(self, within: float = 5.0) -> dict[str, str]:
-        while "comment" in (event := await self.next(within)):
-            pass
-        return event
-
 
 # -- role matrix -----------------------------------------------------------------------------
 
@@ -358,14 +277,6 @@ async def test_a_failed_store_answers_503_not_a_traceback(tmp_path: Path, store:
 
 
 # -- the CLI ---------------------------------------------------------------------------------
-
-
-async def cli(*argv: str) -> int:
-    from haltwire.cli import build_parser
-
-    args = build_parser().parse_args(list(argv))
-    status: int = await anyio.to_thread.run_sync(args.func, args)
-    return status
 
 
 async def test_cli_stop_clear_stops_and_audit(

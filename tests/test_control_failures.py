@@ -6,7 +6,9 @@ when the test kills it, and the network faults come from ``tcp_proxy.TcpProxy``.
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import random
 import signal
 import subprocess
@@ -26,15 +28,15 @@ import pytest
 from mcp import Client
 from psycopg import sql
 
+from control_harness import TOKEN, auth, control
+from control_harness import config_dict as control_config
+from control_harness import issue as issue_on
 from haltwire.runtime import ControlClient, ControlUnreachable
 from haltwire.store.registry.postgres import DEFAULT_URL
 from haltwire.store.registry.sqlite import SqliteRegistry
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream, service_missing
 from redis_process import free_port
 from tcp_proxy import TcpProxy
-from test_control import TOKEN, auth, control
-from test_control import config_dict as control_config
-from test_control import issue as issue_on
 from test_gateway_stops import STALENESS_S, code_of, control_plane, gateway_config, issue, until
 
 pytestmark = pytest.mark.anyio
@@ -179,6 +181,70 @@ async def test_kill_9_after_the_last_acknowledgement_loses_no_stop_or_clear(
                 assert [(r["action"], r["target"], r["outcome"]) for r in records] == [
                     (action, target, "ok") for action, target in audited
                 ]
+
+
+LEASES_TOML = """
+[leases]
+signing_key = "k1"
+
+[[leases.keys]]
+kid = "k1"
+secret = "kill-rounds-lease-key-xxxxxxxxxxxxxxxxxxxxxxxx"
+"""
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_kill_9_rounds_leave_no_write_without_its_audit_record(tmp_path: Path, backend: str) -> None:
+    """The issue's kill rounds (8 here): stops, clears and runs written from four clients at once, the
+    control plane killed with SIGKILL at a random moment, restarted. Every stop and run that
+    exists has its audit record (``verify`` checks the registry against the log), and every
+    write that was acknowledged exists."""
+    rng = random.Random(os.environ.get("HALTWIRE_CRASH_SEED", "kill-rounds"))
+    port = free_port()
+    with registry_section(backend, tmp_path) as registry:
+        config = write_config(tmp_path / "control.toml", port, registry)
+        config.write_text(config.read_text() + LEASES_TOML)
+        acknowledged: set[str] = set()
+        runs: set[str] = set()
+        async with control_process(config, port) as plane:
+            for round_ in range(8):
+                await plane.start()
+                async with httpx2.AsyncClient(base_url=plane.url, timeout=5) as http:
+
+                    async def writer(n: int, http: httpx2.AsyncClient = http, round_: int = round_) -> None:
+                        for i in itertools.count():
+                            try:
+                                if i % 3 == 2:
+                                    r = await http.post("/v1/runs", json={}, headers=auth("agent"))
+                                    if r.status_code == 201:
+                                        runs.add(r.json()["run"]["run_id"])
+                                    continue
+                                body = {"scope": f"run:w{round_}-{n}-{i}", "reason": "kill rounds"}
+                                r = await http.post("/v1/stops", json=body, headers=auth("operator"))
+                                if r.status_code == 201:
+                                    acknowledged.add(r.json()["stop_id"])
+                                    if i % 2:
+                                        clear = f"/v1/stops/{r.json()['stop_id']}/clear"
+                                        await http.post(clear, json={"reason": "ok"}, headers=auth("operator"))
+                            except httpx2.TransportError:
+                                return  # killed
+
+                    async with anyio.create_task_group() as tg:
+                        for n in range(4):
+                            tg.start_soon(writer, n)
+                        await anyio.sleep(rng.uniform(0.2, 0.8))
+                        await plane.kill_9()
+            await plane.start()
+            async with httpx2.AsyncClient(base_url=plane.url, timeout=10) as http:
+                verified = (await http.get("/v1/audit/verify", headers=auth("viewer"))).json()
+                assert verified["ok"] is True, verified
+                stops = (await http.get("/v1/stops?all=1", headers=auth("viewer"))).json()["stops"]
+                assert acknowledged <= {s["stop_id"] for s in stops}
+                records = (await http.get("/v1/audit", headers=auth("viewer"))).json()["records"]
+                registered = {r["target"] for r in records if r["action"] == "run.register" and r["outcome"] == "ok"}
+                listed = (await http.get("/v1/runs?limit=1000", headers=auth("operator"))).json()["runs"]
+                assert {r["run_id"] for r in listed} == registered and runs <= registered
+                assert len(acknowledged) > 8 and len(runs) > 8, (len(acknowledged), len(runs))
 
 
 # -- b. the watch stream resumes exactly across forced disconnects -----------------------------

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from control_harness import auth, control
 from haltwire.control.plane import MAX_AUDIT_TEXT, excerpt
 from haltwire.scope import MAX_SCOPE_CHARS, Scope, ScopeError
 from haltwire.stops import MAX_REASON_CHARS
-from test_control import auth, control
 
 pytestmark = pytest.mark.anyio
 

@@ -19,6 +19,7 @@ import httpx2
 import pytest
 import tomli_w
 
+from control_harness import TOKEN, auth
 from haltwire.control import create_app, parse_control_config
 from haltwire.demo.shop import KEY_META, ORDERS, Shop
 from haltwire.executor import Executor, run_executor
@@ -26,7 +27,6 @@ from haltwire.gateway.config import GatewayConfig, parse_config
 from haltwire.gateway.intents import INTENT_TOOL
 from haltwire.serve import serving
 from harness import TOKENS, config_dict, connect, running_gateway
-from test_control import TOKEN, auth
 from test_gateway_stops import issue, until
 from test_leases_api import config_dict as control_config
 

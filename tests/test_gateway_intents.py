@@ -13,6 +13,7 @@ import pytest
 from mcp import Client
 from mcp.types import CallToolResult
 
+from control_harness import auth
 from haltwire.config import ConfigError
 from haltwire.gateway import UpstreamError
 from haltwire.gateway.config import parse_config
@@ -21,7 +22,6 @@ from haltwire.gateway.intents import INTENT_TOOL
 from haltwire.meta import KEY_META, LABEL_META, LEASE_META
 from haltwire.tokens import LeaseClaims, LeaseKeys
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
-from test_control import auth
 from test_gateway_stops import control_plane, gateway_config, issue, until
 
 pytestmark = pytest.mark.anyio

@@ -13,11 +13,11 @@ import httpx2
 import pytest
 from mcp import Client
 
+from control_harness import auth
+from control_harness import config_dict as control_config
 from haltwire.control import create_app, parse_control_config
 from haltwire.serve import serving
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
-from test_control import auth
-from test_control import config_dict as control_config
 
 pytestmark = pytest.mark.anyio
 

@@ -16,6 +16,7 @@ from typing import Any
 import httpx2
 import pytest
 
+from control_harness import ROLES, TOKEN
 from haltwire.control import create_app, parse_control_config
 from haltwire.control.stores import Stores, open_stores
 from haltwire.serve import serving
@@ -23,7 +24,6 @@ from haltwire.stops import StopSet
 from haltwire.store.runs import RunRecord
 from haltwire.tokens import Grant, LeaseKeys
 from harness import postgres_section
-from test_control import ROLES, TOKEN
 
 pytestmark = pytest.mark.anyio
 
@@ -64,7 +64,7 @@ async def plane(
     registry: dict[str, Any], leases: bool = True
 ) -> AsyncIterator[tuple[httpx2.AsyncClient, Stores]]:
     config = parse_control_config(config_dict(registry, leases))
-    async with open_stores(config.registry) as stores:
+    async with open_stores(config) as stores:
         async with serving(create_app(config, stores)) as url:
             async with httpx2.AsyncClient(base_url=url, timeout=10) as client:
                 yield client, stores

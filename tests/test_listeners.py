@@ -23,10 +23,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from control_harness import TOKEN, auth, config_dict
 from haltwire.control import AdminOnly, create_app, parse_control_config
 from haltwire.listener import InFlightCap, ListenerLimits
 from haltwire.serve import serving
-from test_control import TOKEN, auth, config_dict
 
 pytestmark = pytest.mark.anyio
 

@@ -22,11 +22,11 @@ import jsonschema_rs
 import pytest
 from starlette.routing import Route
 
+from control_harness import TOKEN, Events, auth, config_dict, issue
 from haltwire.control import create_app, parse_control_config
 from haltwire.control.routes import document, routes
 from haltwire.control.routes.runs import MAX_CHECKPOINT_BYTES
 from haltwire.serve import serving
-from test_control import TOKEN, Events, auth, config_dict, issue
 
 pytestmark = pytest.mark.anyio
 
@@ -189,11 +189,15 @@ async def test_real_responses_match_the_document(tmp_path: Path) -> None:
         r = await client.get("/v1/audit", params={"target": stop["stop_id"]}, headers=auth("operator"))
         assert {rec["target"] for rec in conforms(r, "get", "/v1/audit")["records"]} == {stop["stop_id"]}
         r = await client.get("/v1/audit/verify", headers=auth("operator"))
+        head = conforms(await client.get("/v1/audit/head", headers=auth("viewer")), "get", "/v1/audit/head")
         assert conforms(r, "get", "/v1/audit/verify") == {
             "ok": True,
             "checked": len(records),  # reads are not audited
             "first_bad_seq": None,
             "problem": None,
+            "head_seq": head["seq"],
+            "head_hash": head["hash"],
+            "sealed": 0,
         }
 
 

@@ -25,10 +25,10 @@ import httpx2
 import pytest
 from mcp import Client
 
+from control_harness import Events, auth
 from haltwire.demo.upstream import DemoUpstream
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
 from redis_process import RedisProcess, unique_prefix
-from test_control import Events, auth
 from test_gateway_stops import control_plane, until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]

@@ -17,11 +17,11 @@ import anyio
 import pytest
 from mcp import Client
 
+from control_harness import TOKEN, cli
+from control_harness import config_dict as control_config
 from haltwire.control import create_app, parse_control_config
 from haltwire.serve import serving
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
-from test_control import TOKEN, cli
-from test_control import config_dict as control_config
 
 pytestmark = pytest.mark.anyio
 

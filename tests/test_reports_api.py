@@ -17,7 +17,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from test_control import ROLES, TOKEN, cli
+from control_harness import ROLES, TOKEN, cli
 from test_intents_api import auth, claim, get, plane, propose, settle, sqlite
 from test_openapi import conforms
 

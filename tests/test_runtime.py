@@ -16,6 +16,7 @@ import anyio.abc
 import httpx2
 import pytest
 
+from control_harness import TOKEN
 from haltwire.control import create_app, parse_control_config
 from haltwire.runtime import (
     ControlClient,
@@ -28,7 +29,6 @@ from haltwire.runtime import (
 from haltwire.serve import serving
 from harness import config_dict, connect, running_gateway, running_upstream
 from tcp_proxy import TcpProxy
-from test_control import TOKEN
 from test_leases_api import LEASES
 from test_leases_api import config_dict as control_config
 

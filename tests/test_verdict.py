@@ -190,7 +190,7 @@ async def test_the_executors_final_check_asks_about_the_intents_scopes(planted: 
         "run_id": "r-1",
         "needs_approval": False,
     }
-    async with open_stores(config.registry) as stores:
+    async with open_stores(config) as stores:
         plane.stores = stores
         first = new_intent(now=NOW, idempotency_key="k-1", **fields)
         second = new_intent(now=NOW + 1, idempotency_key="k-2", **fields)

@@ -148,7 +148,7 @@ def _control(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         # Opened here, not in the app's lifespan, so an unreachable store is an exit code.
-        async with open_stores(config.registry) as stores:
+        async with open_stores(config) as stores:
             app = create_app(config, stores)
             watch = frozenset({"/v1/watch"})
             await serve_listeners(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -65,6 +65,34 @@ class RegistrySection(ConfigModel):
     schema_: str = Field(default="haltwire", alias="schema", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+#: The shortest audit key accepted: 32 characters (``openssl rand -hex 32`` gives 64).
+MIN_AUDIT_KEY: Final = 32
+
+
+class AuditSection(ConfigModel):
+    """``[audit]``: the secret the audit log's hash chain is keyed with (HMAC-SHA256).
+
+    Kept out of the database, so that someone who can edit it cannot rewrite a record and
+    recompute the chain. From an environment variable (``key_env``), a file (``key_file``,
+    relative to the config file), or in plain text (``key``, development only). Without any:
+    with SQLite, the file beside the database (``<path>.audit-key``, made on first start);
+    with PostgreSQL, one is required, the same for every replica (in development, a key
+    derived from the database's URL and schema: no secret at all).
+    """
+
+    key_env: str | None = None
+    key_file: Path | None = None
+    key: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> AuditSection:
+        if sum(x is not None for x in (self.key_env, self.key_file, self.key)) > 1:
+            raise ValueError("give at most one of key_env, key_file or key")
+        if self.key is not None and len(self.key) < MIN_AUDIT_KEY:
+            raise ValueError(f"key: at least {MIN_AUDIT_KEY} characters")
+        return self
 
 
 class AgentClass(ConfigModel):
@@ -210,6 +238,7 @@ class ControlConfig(ConfigModel):
     #: The credential broker; without it the credential endpoints answer 501.
     broker: BrokerSection | None = None
     intent_limits: list[IntentLimit] = Field(default_factory=list)
+    audit: AuditSection = Field(default_factory=AuditSection)
 
     @model_validator(mode="after")
     def _consistent(self) -> ControlConfig:
@@ -234,6 +263,20 @@ class ControlConfig(ConfigModel):
             if not 300 <= self.broker.ttl_s <= 900:
                 raise ValueError(
                     f"broker.ttl_s ({self.broker.ttl_s:g}) must be 300 to 900 seconds (5 to 15 minutes)"
+                )
+        if not self.control.development:
+            if self.audit.key is not None:
+                raise ValueError(
+                    "audit.key: a plain key is accepted only with control.development = true; use key_env"
+                )
+            if (
+                self.registry.backend == "postgres"
+                and self.audit.key_env is None
+                and self.audit.key_file is None
+            ):
+                raise ValueError(
+                    "audit: with PostgreSQL, give key_env (or key_file): every replica keys the audit "
+                    "log's chain with the same secret, kept out of the database"
                 )
         tools = [limit.tool for limit in self.intent_limits]
         if len(set(tools)) != len(tools):
@@ -276,4 +319,9 @@ def load_control_config(path: str | Path) -> ControlConfig:
             for k in config.broker.keys
         ]
         config = config.model_copy(update={"broker": config.broker.model_copy(update={"keys": keys})})
+    key_file = config.audit.key_file
+    if key_file is not None and not key_file.is_absolute():
+        config = config.model_copy(
+            update={"audit": config.audit.model_copy(update={"key_file": p.parent / key_file})}
+        )
     return config

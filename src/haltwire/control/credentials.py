@@ -41,18 +41,19 @@ async def issue(plane: Plane, caller: Caller, run_id: str, audience: str) -> tup
             await plane.audit(caller, "credential.issue", run_id, "refused", issued.message, **detail)
         raise issued
     token, record = issued
-    await plane.open.credentials.record(record)
-    await plane.audit(
-        caller,
-        "credential.issue",
-        run_id,
-        "ok",
-        "issued",
-        jti=record.jti,
-        audience=record.audience,
-        kid=record.kid,
-        expires_at=record.expires_at,
-    )
+    async with plane.transaction():
+        await plane.open.credentials.record(record)
+        await plane.audit(
+            caller,
+            "credential.issue",
+            run_id,
+            "ok",
+            "issued",
+            jti=record.jti,
+            audience=record.audience,
+            kid=record.kid,
+            expires_at=record.expires_at,
+        )
     return token, record
 
 

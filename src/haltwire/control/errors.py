@@ -43,4 +43,16 @@ def invalid(message: str) -> Refused:
 
 
 def unavailable(exc: Exception) -> Refused:
-    return Refused(503, "registry_unavailable", f"the stop registry is unavailable: {exc}")
+    """503 ``registry_unavailable``, saying whether the request's write happened: ``written`` is
+    ``"no"`` (nothing of it was recorded) or ``"unknown"`` (its commit's answer was lost:
+    repeat it with the same ``Idempotency-Key`` to learn, or read before writing again)."""
+    written = getattr(exc, "written", False)
+    if written is None:
+        said = "; the write may have been recorded: repeat the request with the same Idempotency-Key"
+        return Refused(
+            503, "registry_unavailable", f"the stop registry is unavailable: {exc}{said}", written="unknown"
+        )
+    said = "; nothing was written"
+    return Refused(
+        503, "registry_unavailable", f"the stop registry is unavailable: {exc}{said}", written="no"
+    )

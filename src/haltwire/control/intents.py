@@ -9,7 +9,8 @@ approve or reject intents that wait for it. The states and their rules are ``hal
 Stops: a new intent is refused (409 ``stopped``, nothing recorded) when an active stop already
 matches one of its scopes, and every stop cancels the intents its scope covers whose call was
 not made as it is issued (``haltwire.control.stops``). A stop landing between the check and the
-insert is caught by checking again after the insert. Every write is audited, refused ones too.
+insert is caught by checking again after the insert. Every write commits with its audit record;
+refused ones are audited too.
 """
 
 from __future__ import annotations
@@ -65,31 +66,32 @@ async def create(plane: Plane, caller: Caller, **fields: Any) -> tuple[Intent, b
         # With its run, so the run's report shows the call the stop refused.
         raise await plane.refuse(caller, "intent.create", key, stopped_by(hit), run_id=run_id)
     try:
-        intent, created = await store.create(new)
+        async with plane.transaction():
+            intent, created = await store.create(new)
+            if not created:
+                return intent, False
+            # A stop recorded after the check but before the insert cancelled nothing of this
+            # intent: look again, and cancel it now. (One recorded after the insert cancels it.)
+            await plane.catch_up()
+            hit = _stop_on(plane, intent)
+            if hit is not None:
+                cancelled = await store.cancel_for_stop(hit.scope, hit.stop.stop_id, time.time())
+                await audit_cancelled(plane, caller, hit.scope, hit.stop.stop_id, cancelled)
+                intent = await store.get(intent.intent_id) or intent  # cancelled here, or by the stop
+            await plane.audit(
+                caller,
+                "intent.create",
+                intent.intent_id,
+                "ok",
+                intent.state,
+                tool=intent.tool,
+                run_id=intent.run_id,
+                agent=intent.agent,
+                idempotency_key=intent.idempotency_key,
+            )
     except IdempotencyConflict as exc:
         conflict = Refused(409, "idempotency_conflict", str(exc))
         raise await plane.refuse(caller, "intent.create", key, conflict, run_id=run_id) from None
-    if not created:
-        return intent, False
-    # A stop recorded after the check but before the insert cancelled nothing of this intent:
-    # look again, and cancel it now. (One recorded after the insert cancels it itself.)
-    await plane.catch_up()
-    hit = _stop_on(plane, intent)
-    if hit is not None:
-        cancelled = await store.cancel_for_stop(hit.scope, hit.stop.stop_id, time.time())
-        await audit_cancelled(plane, caller, hit.scope, hit.stop.stop_id, cancelled)
-        intent = await store.get(intent.intent_id) or intent  # cancelled here, or by the stop's own hook
-    await plane.audit(
-        caller,
-        "intent.create",
-        intent.intent_id,
-        "ok",
-        intent.state,
-        tool=intent.tool,
-        run_id=intent.run_id,
-        agent=intent.agent,
-        idempotency_key=intent.idempotency_key,
-    )
     return intent, True
 
 
@@ -105,9 +107,10 @@ async def readable(plane: Plane, caller: Caller, intent_id: str) -> Intent:
 
 async def claim(plane: Plane, caller: Caller) -> Intent | None:
     """The oldest pending intent, claimed for the calling executor; None when nothing is pending."""
-    intent = await plane.open.intents.claim_next(caller.name, time.time())
-    if intent is not None:  # nothing pending: nothing happened, nothing to audit
-        await plane.audit(caller, "intent.claim", intent.intent_id, "ok", "claimed", tool=intent.tool)
+    async with plane.transaction():
+        intent = await plane.open.intents.claim_next(caller.name, time.time())
+        if intent is not None:  # nothing pending: nothing happened, nothing to audit
+            await plane.audit(caller, "intent.claim", intent.intent_id, "ok", "claimed", tool=intent.tool)
     return intent
 
 
@@ -118,20 +121,23 @@ async def decide(plane: Plane, caller: Caller, action: Decision, intent_id: str,
     audited = f"intent.{action}"
     now = time.time()
     try:
-        if action == "commit":
-            intent, reason = await store.commit(intent_id, caller.name, said, now), "committed"
-        elif action == "fail":
-            intent, reason = await store.fail(intent_id, caller.name, said, now), str(said)
-        elif action == "reject":
-            intent, reason = await store.reject(intent_id, caller.name, said, now), str(said)
-        else:
-            intent, reason = await store.approve(intent_id, caller.name, now), "approved"
+        async with plane.transaction():
+            if action == "commit":
+                intent, reason = await store.commit(intent_id, caller.name, said, now), "committed"
+            elif action == "fail":
+                intent, reason = await store.fail(intent_id, caller.name, said, now), str(said)
+            elif action == "reject":
+                intent, reason = await store.reject(intent_id, caller.name, said, now), str(said)
+            else:
+                intent, reason = await store.approve(intent_id, caller.name, now), "approved"
+            await plane.audit(
+                caller, audited, intent_id, "ok", reason, state=intent.state, run_id=intent.run_id
+            )
     except UnknownIntent:
         raise await plane.refuse(caller, audited, intent_id, _unknown(intent_id)) from None
     except IntentStateError as exc:
         invalid_move = Refused(409, "invalid_transition", str(exc))
         raise await plane.refuse(caller, audited, intent_id, invalid_move) from None
-    await plane.audit(caller, audited, intent_id, "ok", reason, state=intent.state, run_id=intent.run_id)
     return intent
 
 
@@ -139,13 +145,21 @@ async def mark_unknown(plane: Plane, caller: Caller) -> list[Intent]:
     """A restarted executor's whole backlog: what it had claimed (now ``unknown``) and the
     ``unknown`` ones an earlier restart marked that nobody resolved, oldest first."""
     store = plane.open.intents
-    marked = await store.mark_unknown(caller.name, time.time())
-    earlier = [i for i in await store.list(states=["unknown"], limit=100_000) if i.claimed_by == caller.name]
-    ids = [i.intent_id for i in marked]
-    # Audited even when empty: an executor restarting is worth a line in the log.
-    await plane.audit(
-        caller, "intent.unknown", caller.name, "ok", f"{len(ids)} claimed intent(s) now unknown", intents=ids
-    )
+    async with plane.transaction():
+        marked = await store.mark_unknown(caller.name, time.time())
+        earlier = [
+            i for i in await store.list(states=["unknown"], limit=100_000) if i.claimed_by == caller.name
+        ]
+        ids = [i.intent_id for i in marked]
+        # Audited even when empty: an executor restarting is worth a line in the log.
+        await plane.audit(
+            caller,
+            "intent.unknown",
+            caller.name,
+            "ok",
+            f"{len(ids)} claimed intent(s) now unknown",
+            intents=ids,
+        )
     return oldest_first([*marked, *(i for i in earlier if i.intent_id not in ids)])
 
 
@@ -177,13 +191,11 @@ async def check(plane: Plane, caller: Caller, intent_id: str) -> Intent:
             if hit is None:
                 limit = plane.config.intent_limit(intent.tool)
                 try:
-                    intent = await store.check(intent_id, caller.name, revision, time.time(), limit)
+                    return await _passed(plane, caller, intent_id, revision, limit)
                 except LimitReached as exc:
                     hit = await _limit_stop(plane, intent, exc)
-            if hit is not None:
-                raise await _cancel_claimed(plane, caller, intent, hit)
-        else:
-            intent = await store.check(intent_id, caller.name, intent.checked_revision, time.time())
+            raise await _cancel_claimed(plane, caller, intent, hit)
+        return await _passed(plane, caller, intent_id, intent.checked_revision, None)
     except Refused as exc:
         raise await plane.refuse(caller, "intent.check", intent_id, exc) from None
     except UnknownIntent:
@@ -191,10 +203,17 @@ async def check(plane: Plane, caller: Caller, intent_id: str) -> Intent:
     except IntentStateError as exc:
         invalid_move = Refused(409, "invalid_transition", str(exc))
         raise await plane.refuse(caller, "intent.check", intent_id, invalid_move) from None
-    await plane.audit(
-        caller, "intent.check", intent_id, "ok", f"no stop at revision {intent.checked_revision}",
-        run_id=intent.run_id, revision=intent.checked_revision,
-    )  # fmt: skip
+
+
+async def _passed(plane: Plane, caller: Caller, intent_id: str, revision: int, limit: int | None) -> Intent:
+    """Record that the check passed at ``revision``, and audit it, in one transaction
+    (``LimitReached``: past its run's limit, nothing recorded)."""
+    async with plane.transaction():
+        intent = await plane.open.intents.check(intent_id, caller.name, revision, time.time(), limit)
+        await plane.audit(
+            caller, "intent.check", intent_id, "ok", f"no stop at revision {intent.checked_revision}",
+            run_id=intent.run_id, revision=intent.checked_revision,
+        )  # fmt: skip
     return intent
 
 
@@ -209,16 +228,17 @@ async def _limit_stop(plane: Plane, intent: Intent, exc: LimitReached) -> Stoppe
         reason = (
             f"intent limit: run {exc.run_id} asked for more than {exc.limit} {exc.tool} ({intent.intent_id})"
         )
-        stop = await issue(plane, LIMIT_CALLER, f"run:{exc.run_id}", reason)
+        stop = (await issue(plane, LIMIT_CALLER, f"run:{exc.run_id}", reason)).stop
     return Stopped(Scope("run", exc.run_id), stop)
 
 
 async def _cancel_claimed(plane: Plane, caller: Caller, intent: Intent, hit: Stopped) -> Refused:
     """Cancel a claimed intent whose final check found ``hit``; the 409 to answer."""
-    cancelled = await plane.open.intents.cancel_claimed(
-        intent.intent_id, caller.name, hit.stop.stop_id, time.time()
-    )
-    await audit_cancelled(plane, caller, hit.scope, hit.stop.stop_id, [cancelled])
+    async with plane.transaction():
+        cancelled = await plane.open.intents.cancel_claimed(
+            intent.intent_id, caller.name, hit.stop.stop_id, time.time()
+        )
+        await audit_cancelled(plane, caller, hit.scope, hit.stop.stop_id, [cancelled])
     refusal = stopped_by(hit)
     refusal.extra["intent"] = asdict(cancelled)
     return refusal

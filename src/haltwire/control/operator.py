@@ -4,6 +4,10 @@
 ``approve ID``, ``reject ID`` and ``report RUN``. The control plane is
 ``--url`` or ``HALTWIRE_CONTROL_URL``; the caller's token is ``--token`` or ``HALTWIRE_TOKEN``.
 
+``stop`` and ``clear`` send an ``Idempotency-Key`` (``--request-key``, or a new one) and
+retry with it when the control plane cannot be reached or answers 503, so a retry never issues
+a second stop; past the last attempt the key is printed, to repeat the command with it.
+
 Exit codes: 0 done; 1 refused or failed (the control plane's message is printed, and a refused
 write names the role it needed; ``audit verify`` exits 1 when the log was tampered with);
 2 bad usage (including no URL or token); 3 the control plane cannot be reached or answered 503.
@@ -16,13 +20,18 @@ import json
 import os
 import sys
 import time
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
 import httpx2
 
+from haltwire.store.audit import Head
+
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+#: Seconds before each retry of a keyed write (``--request-key``): four attempts in about 3.5 s.
+RETRY_DELAYS_S = (0.5, 1.0, 2.0)
 
 _SCOPE_FLAGS = (
     ("--run", "run", "ID", "every call in one run"),
@@ -39,18 +48,39 @@ class _Failed(Exception):
         self.code = code
 
 
-def _request(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
+def _request(args: argparse.Namespace, method: str, path: str, body: Any = None, key: str | None = None) -> Any:
     url = args.url or os.environ.get("HALTWIRE_CONTROL_URL")
     token = args.token or os.environ.get("HALTWIRE_TOKEN")
     if not url or not token:
         raise _Failed(
             EXIT_USAGE, "give the control plane's --url and --token (or HALTWIRE_CONTROL_URL, HALTWIRE_TOKEN)"
         )
+    headers = {"Authorization": f"Bearer {token}"}
+    if key is None:
+        return _answer(_send(url, args.timeout, method, path, body, headers))
+    headers["Idempotency-Key"] = key
+    for delay in (*RETRY_DELAYS_S, None):
+        try:
+            return _answer(_send(url, args.timeout, method, path, body, headers))
+        except _Failed as exc:
+            if exc.code != EXIT_UNREACHABLE:
+                raise
+            if delay is None:
+                raise _Failed(exc.code, f"{exc}; to learn whether it was done, repeat with --request-key {key}") from None
+            print(f"{exc}; retrying in {delay:g} s with the same request key", file=sys.stderr)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def _send(url: str, timeout: float, method: str, path: str, body: Any, headers: dict[str, str]) -> httpx2.Response:
     try:
-        with httpx2.Client(base_url=url, timeout=args.timeout) as client:
-            r = client.request(method, path, json=body, headers={"Authorization": f"Bearer {token}"})
+        with httpx2.Client(base_url=url, timeout=timeout) as client:
+            return client.request(method, path, json=body, headers=headers)
     except httpx2.TransportError as exc:
         raise _Failed(EXIT_UNREACHABLE, f"cannot reach the control plane at {url}: {exc}") from None
+
+
+def _answer(r: httpx2.Response) -> Any:
     try:
         data = r.json()
     except ValueError:
@@ -67,12 +97,14 @@ def _stop(args: argparse.Namespace) -> None:
         scope = "global"
     else:
         scope = next(f"{kind}:{getattr(args, kind)}" for _, kind, _, _ in _SCOPE_FLAGS if getattr(args, kind))
-    stop = _request(args, "POST", "/v1/stops", {"scope": scope, "reason": args.reason})
+    body = {"scope": scope, "reason": args.reason}
+    stop = _request(args, "POST", "/v1/stops", body, args.request_key or str(uuid.uuid4()))
     print(stop["stop_id"])
 
 
 def _clear(args: argparse.Namespace) -> None:
-    stop = _request(args, "POST", f"/v1/stops/{args.stop_id}/clear", {"reason": args.reason})
+    path, body = f"/v1/stops/{args.stop_id}/clear", {"reason": args.reason}
+    stop = _request(args, "POST", path, body, args.request_key or str(uuid.uuid4()))
     print(f"cleared {stop['stop_id']} ({stop['scope']})")
 
 
@@ -89,16 +121,29 @@ def _stops(args: argparse.Namespace) -> None:
 
 
 def _audit(args: argparse.Namespace) -> None:
+    if args.action == "head":
+        head = _request(args, "GET", "/v1/audit/head")
+        print(json.dumps(head) if args.json else head["head"])
+        return
     if args.action == "verify":
-        result = _request(args, "GET", "/v1/audit/verify")
+        path = "/v1/audit/verify"
+        if args.expect_head is not None:
+            try:
+                Head.parse(args.expect_head)
+            except ValueError as exc:
+                raise _Failed(EXIT_USAGE, f"--expect-head: {exc}") from None
+            path += f"?{httpx2.QueryParams({'expect_head': args.expect_head})}"
+        result = _request(args, "GET", path)
         if args.json:
             print(json.dumps(result))
         if result["ok"]:
-            print(f"audit log intact: {result['checked']} records verified")
+            sealed = f", {result['sealed']} of them from before the log had a key" if result.get("sealed") else ""
+            held = f", the held head {args.expect_head} among them" if args.expect_head else ""
+            print(f"audit log intact: {result['checked']} records verified{sealed}{held}")
+            print(f"head {result['head_seq']}:{result['head_hash']}")
             return
-        raise _Failed(
-            EXIT_REFUSED, f"audit log TAMPERED at seq {result['first_bad_seq']}: {result['problem']}"
-        )
+        where = "" if result["first_bad_seq"] is None else f" at seq {result['first_bad_seq']}"
+        raise _Failed(EXIT_REFUSED, f"audit log TAMPERED{where}: {result['problem']}")
     target = args.target or (f"run:{args.run}" if args.run else None)
     path = "/v1/audit" if target is None else f"/v1/audit?{httpx2.QueryParams({'target': target})}"
     records = _request(args, "GET", path)["records"]
@@ -292,11 +337,13 @@ def add_parsers(sub: Any) -> None:
         which.add_argument(flag, dest=dest, metavar=metavar, help=f"stop {what}")
     which.add_argument("--global", dest="global_", action="store_true", help="stop everything")
     stop.add_argument("--reason", required=True, help="why (recorded and shown to whoever is refused)")
+    stop.add_argument("--request-key", default=None, help="repeat an earlier attempt: the key it printed")
     stop.set_defaults(func=_run(_stop))
 
     clear = sub.add_parser("clear", parents=[common], help="clear a stop (role operator)")
     clear.add_argument("stop_id", metavar="STOP_ID")
     clear.add_argument("--reason", required=True, help="why the stop can be lifted")
+    clear.add_argument("--request-key", default=None, help="repeat an earlier attempt: the key it printed")
     clear.set_defaults(func=_run(_clear))
 
     stops = sub.add_parser("stops", parents=[common], help="list active stops (--all: every stop)")
@@ -305,10 +352,18 @@ def add_parsers(sub: Any) -> None:
     stops.set_defaults(func=_run(_stops))
 
     audit = sub.add_parser(
-        "audit", parents=[common], help="list the audit log, or 'audit verify' its hash chain"
+        "audit",
+        parents=[common],
+        help="list the audit log; 'audit head' prints its head; 'audit verify' checks it",
     )
     audit.add_argument(
-        "action", nargs="?", choices=["verify"], help="verify: exit 1 if the log was tampered with"
+        "action",
+        nargs="?",
+        choices=["verify", "head"],
+        help="head: SEQ:HASH of the newest record, to hold outside; verify: exit 1 if the log was tampered with",
+    )
+    audit.add_argument(
+        "--expect-head", default=None, metavar="SEQ:HASH", help="verify: a head held from earlier must still be there"
     )
     audit.add_argument("--target", default=None, help="only records for this target (a scope or stop id)")
     audit.add_argument("--run", default=None, help="only records for run:ID")

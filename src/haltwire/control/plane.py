@@ -7,8 +7,11 @@ first argument; nothing here knows of HTTP.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any, Final
 
 import anyio
@@ -19,7 +22,7 @@ from haltwire.control.errors import Refused
 from haltwire.control.leases import LeaseDesk
 from haltwire.control.mirror import StopMirror
 from haltwire.control.stores import Stores
-from haltwire.store.audit import Outcome
+from haltwire.store.audit import Head, Outcome
 from haltwire.store.registry import RegistryUnavailable
 
 #: Runs whose agent is cached (a run never changes hands); cleared when full.
@@ -59,6 +62,8 @@ class Plane:
         self.limit_stops = anyio.Lock()
         #: Watches reading the registry at once (each a page; see ``stops.changes_after``).
         self.replay_reads = anyio.Semaphore(REPLAY_READS)
+        #: The audit log's head as last read (``follow_audit_head``): the watch publishes it.
+        self.audit_head: Head | None = None
 
     @property
     def open(self) -> Stores:
@@ -70,6 +75,25 @@ class Plane:
         """Wake every watcher: the registry has a new change."""
         changed, self._changed = self._changed, anyio.Event()
         changed.set()
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        """Every store write and audit record inside commits together when the block ends, or
+        none does: ``RegistryUnavailable`` (its ``written`` says which), or what the block
+        raised. Refusals are audited after it, in a transaction of their own (``refuse``)."""
+        async with self.open.db.write():
+            yield
+
+    async def follow_audit_head(self) -> None:
+        """Keep ``audit_head`` current: read after every registry change and once a heartbeat
+        period (other writes, other replicas' too). Runs until cancelled by its owner."""
+        while True:
+            changed = self.changed
+            # On failure the head stays as last read; the watch reports the store's failure itself.
+            with contextlib.suppress(RegistryUnavailable):
+                self.audit_head = await self.open.audit.head()
+            with anyio.move_on_after(self.heartbeat_s):
+                await changed.wait()
 
     @property
     def changed(self) -> anyio.Event:

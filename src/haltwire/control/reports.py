@@ -53,6 +53,8 @@ class TimelineEntry:
     target: str
     outcome: Outcome
     reason: str
+    #: Set when the stored record is not a record (``AuditRecord.malformed``): tampered with.
+    malformed: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +110,7 @@ async def report(plane: Plane, caller: Caller, run_id: str) -> RunReport:
     intent_ids = {i.intent_id for i in intents}
     stop_ids = {s.stop_id for s in stops}
     timeline = [
-        TimelineEntry(r.seq, r.at, r.actor, r.role, r.action, r.target, r.outcome, r.reason)
+        TimelineEntry(r.seq, r.at, r.actor, r.role, r.action, r.target, r.outcome, r.reason, r.malformed)
         for r in await stores.audit.records()
         if about_run(r, run.run_id, intent_ids, stop_ids)
     ]

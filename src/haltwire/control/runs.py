@@ -1,8 +1,8 @@
 """Runs and their leases: register a run, renew its lease, end it, checkpoint it.
 
 An agent identity owns the runs registered with its agent id; only it renews, ends (an
-operator may too) and checkpoints them. Every registration, end and checkpoint is audited,
-refused ones too; a refused renewal is audited once per run and reason (a refused runtime
+operator may too) and checkpoints them. Every registration, end and checkpoint is audited in
+its own write's transaction, refused ones too; a refused renewal is audited once per run and reason (a refused runtime
 keeps renewing every few seconds until it notices), runs refused by one stop in one request
 sharing a record; successful renewals are not audited (one per run every few seconds).
 Whether a run may have a lease, and the signed grant, is the lease desk's
@@ -107,26 +107,33 @@ async def register(
     if refusal is not None:  # nothing is recorded for a run that could not start
         raise await plane.refuse(caller, "run.register", run_id, refusal)
     try:
-        await stores.runs.register(run)
+        async with plane.transaction():
+            await stores.runs.register(run)
+            grant = leases.grant(run)
+            if isinstance(grant, Refused):  # a stop landed between the check and the grant
+                raise grant  # the run is not recorded after all
+            await plane.audit(
+                caller,
+                "run.register",
+                run_id,
+                "ok",
+                "registered",
+                agent_class=run.agent_class,
+                resumed_from=run.resumed_from,
+                generation=grant.generation,
+            )
     except RunExists as exc:
-        raise await plane.refuse(caller, "run.register", run_id, Refused(409, "run_exists", str(exc))) from None
-    grant = leases.grant(run)
-    if isinstance(grant, Refused):  # a stop landed between the check and the grant
-        raise await plane.refuse(caller, "run.register", run_id, grant)
-    await plane.audit(
-        caller,
-        "run.register",
-        run_id,
-        "ok",
-        "registered",
-        agent_class=run.agent_class,
-        resumed_from=run.resumed_from,
-        generation=grant.generation,
-    )
+        raise await plane.refuse(
+            caller, "run.register", run_id, Refused(409, "run_exists", str(exc))
+        ) from None
+    except Refused as exc:
+        raise await plane.refuse(caller, "run.register", run_id, exc) from None
     return Registration(run, grant, checkpoint)
 
 
-async def renew(plane: Plane, caller: Caller, run_ids: list[str]) -> tuple[dict[str, Grant], dict[str, Refused]]:
+async def renew(
+    plane: Plane, caller: Caller, run_ids: list[str]
+) -> tuple[dict[str, Grant], dict[str, Refused]]:
     """A fresh lease for each run the caller owns that no stop covers, else why not; every run is
     checked at one registry revision."""
     leases = desk(plane)
@@ -151,7 +158,9 @@ async def renew(plane: Plane, caller: Caller, run_ids: list[str]) -> tuple[dict[
     return granted, refused
 
 
-async def _audit_refusals(plane: Plane, leases: LeaseDesk, caller: Caller, refused: dict[str, Refused]) -> None:
+async def _audit_refusals(
+    plane: Plane, leases: LeaseDesk, caller: Caller, refused: dict[str, Refused]
+) -> None:
     """Audit each run's refusal the first time it is refused for that reason.
 
     Runs refused by one stop share one record (target: the stop's scope, as for the stop's
@@ -178,17 +187,19 @@ async def _audit_refusals(plane: Plane, leases: LeaseDesk, caller: Caller, refus
 async def end(plane: Plane, caller: Caller, run_id: str) -> RunRecord:
     await run_for(plane, caller, run_id, "run.end", audit=True)
     try:
-        run = await plane.open.runs.end(run_id, time.time())
+        async with plane.transaction():
+            run = await plane.open.runs.end(run_id, time.time())
+            await plane.audit(caller, "run.end", run_id, "ok", "ended", ended_at=run.ended_at)
     except UnknownRun:
         raise _unknown(run_id) from None
-    await plane.audit(caller, "run.end", run_id, "ok", "ended", ended_at=run.ended_at)
     return run
 
 
 async def save_checkpoint(plane: Plane, caller: Caller, run_id: str, data: dict[str, Any]) -> Checkpoint:
     await run_for(plane, caller, run_id, "checkpoint.save", audit=True)
-    checkpoint = await plane.open.runs.save_checkpoint(run_id, data, time.time())
-    await plane.audit(caller, "checkpoint.save", run_id, "ok", "saved", seq=checkpoint.seq)
+    async with plane.transaction():
+        checkpoint = await plane.open.runs.save_checkpoint(run_id, data, time.time())
+        await plane.audit(caller, "checkpoint.save", run_id, "ok", "saved", seq=checkpoint.seq)
     return checkpoint
 
 

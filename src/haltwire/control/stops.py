@@ -1,24 +1,27 @@
-"""Issuing and clearing stops: the registry write, the watchers woken, the audit, the intents cancelled.
+"""Issuing and clearing stops: the registry write, its audit record, the intents it cancels, the push.
 
 ``issue`` is the one way a stop is written, for operators and tripwires through the API and for
-the control plane's own rules (``[[intent_limits]]``), in this order:
+the control plane's own rules (``[[intent_limits]]``). In one transaction:
 
 1. the registry records the stop (the revision it gets is what every fence compares with);
-2. every watcher is woken (the push path to gateways, executors and runtimes);
-3. the audit log records who issued it and why;
-4. the intents it covers whose call was not made (pending, awaiting approval, claimed but never
-   checked) are cancelled, so once a stop is answered nothing it covers is still pending.
+2. the audit log records who issued it and why, naming the registry change (its revision and
+   digest: the audit chain covers the registry's rows);
+3. the intents it covers whose call was not made (pending, awaiting approval, claimed but never
+   checked) are cancelled, and that is audited too;
 
-A failure in step 4 is logged and audited, not raised: the stop stands, and the executor's
-final check refuses those intents anyway. A 503 would tell the operator the stop was not
-issued, and a second attempt would issue a second stop.
+then, committed, every watcher is woken (the push path to gateways, executors and runtimes).
+So a stop is answered only once all of it is durable; if any step fails, nothing of it is
+written, nothing is pushed, and the answer (503) says so. A request key (``Idempotency-Key``)
+makes issuing and clearing safe to retry: a repeat answers what the first request wrote.
 """
 
 from __future__ import annotations
 
-import logging
+import hashlib
 import time
-from typing import Final
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
 
 from haltwire.control.access import visible_to
 from haltwire.control.config import Caller
@@ -27,48 +30,113 @@ from haltwire.control.plane import Plane
 from haltwire.intents import Intent
 from haltwire.scope import Scope, ScopeError
 from haltwire.stops import Change, StopRecord
-from haltwire.store.registry import AlreadyCleared, RegistryUnavailable, UnknownStop
-
-log = logging.getLogger("haltwire.intents")
+from haltwire.store.audit import canonical_json
+from haltwire.store.registry import AlreadyCleared, RequestConflict, UnknownStop, clear_row, digest, issue_row
 
 #: Changes a watch reads from the registry at once.
 REPLAY_PAGE: Final = 25
 
 
+@dataclass(frozen=True, slots=True)
+class Written:
+    """A stop as a request wrote or cleared it; ``replayed``: an earlier request with the same
+    key did, and this one wrote nothing."""
+
+    stop: StopRecord
+    replayed: bool = False
+
+
+def change_ref(row: Sequence[Any]) -> dict[str, Any]:
+    """What an audit record says of the registry change it records (``haltwire.control.audit``
+    checks the registry's rows against it)."""
+    return {"revision": row[0], "sha256": digest(row)}
+
+
+def _fingerprint(*fields: object) -> str:
+    return hashlib.sha256(canonical_json(list(fields)).encode()).hexdigest()
+
+
+async def _replayed(plane: Plane, caller: Caller, key: str | None, fingerprint: str) -> Written | None:
+    """The answer to an earlier request with this key, inside the request's transaction."""
+    if key is None:
+        return None
+    registry = plane.open.registry
+    stop_id = await registry.requested(caller.name, key, fingerprint)
+    stop = None if stop_id is None else await registry.get_stop(stop_id)
+    return None if stop is None else Written(stop, replayed=True)
+
+
+def _conflict(exc: RequestConflict) -> Refused:
+    return Refused(409, "idempotency_conflict", f"{exc}; use a new key for a new request")
+
+
 async def issue(
-    plane: Plane, caller: Caller, scope: str, reason: str, expires_at: float | None = None
-) -> StopRecord:
+    plane: Plane,
+    caller: Caller,
+    scope: str,
+    reason: str,
+    expires_at: float | None = None,
+    request_key: str | None = None,
+) -> Written:
     """Record a stop and everything that follows from it (the module's docstring).
-    ``Refused`` 422 (audited) for a scope that does not parse or an empty reason."""
+    ``Refused`` 422 (audited) for a scope that does not parse or an empty reason, 409
+    ``idempotency_conflict`` for a key used before for another stop."""
+    registry = plane.open.registry
+    fingerprint = _fingerprint("stop.issue", scope, reason, expires_at)
     try:
-        stop = await plane.open.registry.issue_stop(
-            scope, reason, caller.name, now=time.time(), expires_at=expires_at
-        )
+        async with plane.transaction():
+            earlier = await _replayed(plane, caller, request_key, fingerprint)
+            if earlier is not None:
+                return earlier
+            now = time.time()
+            stop = await registry.issue_stop(scope, reason, caller.name, now=now, expires_at=expires_at)
+            if request_key is not None:
+                await registry.remember(caller.name, request_key, fingerprint, stop.stop_id)
+            ref = change_ref(issue_row(stop))
+            await plane.audit(
+                caller, "stop.issue", stop.scope, "ok", stop.reason, stop_id=stop.stop_id, change=ref
+            )
+            if stop.expires_at is None or stop.expires_at > now:  # issued already expired: it stops nothing
+                scope_ = Scope.parse(stop.scope)
+                cancelled = await plane.open.intents.cancel_for_stop(scope_, stop.stop_id, now)
+                await audit_cancelled(plane, caller, scope_, stop.stop_id, cancelled)
     except (ScopeError, ValueError) as exc:
-        await plane.audit(caller, "stop.issue", "", "refused", str(exc))
-        raise invalid(str(exc)) from None
+        raise await plane.refuse(caller, "stop.issue", "", invalid(str(exc))) from None
+    except RequestConflict as exc:
+        raise await plane.refuse(caller, "stop.issue", scope, _conflict(exc)) from None
     plane.notify()
-    await plane.audit(caller, "stop.issue", stop.scope, "ok", stop.reason, stop_id=stop.stop_id)
-    await _cancel_intents(plane, caller, stop)
-    return stop
+    return Written(stop)
 
 
-async def clear(plane: Plane, caller: Caller, stop_id: str, reason: str) -> StopRecord:
-    """Record who cleared a stop and why; ``Refused`` 404 / 409 (audited) when it cannot be."""
+async def clear(
+    plane: Plane, caller: Caller, stop_id: str, reason: str, request_key: str | None = None
+) -> Written:
+    """Record who cleared a stop and why; ``Refused`` 404 / 409 / 422 (audited) when it cannot be."""
+    registry = plane.open.registry
+    fingerprint = _fingerprint("stop.clear", stop_id, reason)
     try:
-        stop = await plane.open.registry.clear_stop(stop_id, caller.name, reason, now=time.time())
+        async with plane.transaction():
+            earlier = await _replayed(plane, caller, request_key, fingerprint)
+            if earlier is not None:
+                return earlier
+            stop = await registry.clear_stop(stop_id, caller.name, reason, now=time.time())
+            if request_key is not None:
+                await registry.remember(caller.name, request_key, fingerprint, stop_id)
+            ref = change_ref(clear_row(stop))
+            await plane.audit(caller, "stop.clear", stop_id, "ok", reason, scope=stop.scope, change=ref)
     except UnknownStop:
-        await plane.audit(caller, "stop.clear", stop_id, "refused", "no such stop")
-        raise Refused(404, "unknown_stop", f"no stop has the id {stop_id}") from None
+        problem = Refused(404, "unknown_stop", f"no stop has the id {stop_id}")
+        raise await plane.refuse(caller, "stop.clear", stop_id, problem) from None
     except AlreadyCleared as exc:
-        await plane.audit(caller, "stop.clear", stop_id, "refused", str(exc))
-        raise Refused(409, "already_cleared", str(exc)) from None
+        raise await plane.refuse(
+            caller, "stop.clear", stop_id, Refused(409, "already_cleared", str(exc))
+        ) from None
     except ValueError as exc:  # a blank or unfit reason
-        await plane.audit(caller, "stop.clear", stop_id, "refused", str(exc))
-        raise invalid(str(exc)) from None
+        raise await plane.refuse(caller, "stop.clear", stop_id, invalid(str(exc))) from None
+    except RequestConflict as exc:
+        raise await plane.refuse(caller, "stop.clear", stop_id, _conflict(exc)) from None
     plane.notify()
-    await plane.audit(caller, "stop.clear", stop_id, "ok", reason, scope=stop.scope)
-    return stop
+    return Written(stop)
 
 
 async def listed(plane: Plane, caller: Caller, every: bool) -> list[StopRecord]:
@@ -100,19 +168,3 @@ async def audit_cancelled(
         ids = [i.intent_id for i in cancelled]
         reason = f"cancelled {len(ids)} intent(s) for stop {stop_id}"
         await plane.audit(caller, "intent.cancel", str(scope), "ok", reason, stop_id=stop_id, intents=ids)
-
-
-async def _cancel_intents(plane: Plane, caller: Caller, stop: StopRecord) -> None:
-    if stop.expires_at is not None and stop.expires_at <= time.time():
-        return  # issued already expired: it stops nothing
-    scope = Scope.parse(stop.scope)
-    try:
-        cancelled = await plane.open.intents.cancel_for_stop(scope, stop.stop_id, time.time())
-        await audit_cancelled(plane, caller, scope, stop.stop_id, cancelled)
-    except RegistryUnavailable as exc:
-        log.error("stop %s: cancelling its pending intents failed: %s", stop.stop_id, exc)
-        try:
-            reason = f"cancelling the pending intents of stop {stop.stop_id} failed: {exc}"
-            await plane.audit(caller, "intent.cancel", stop.scope, "refused", reason, stop_id=stop.stop_id)
-        except RegistryUnavailable:
-            log.error("stop %s: and the audit log is unavailable too", stop.stop_id)

@@ -1,9 +1,10 @@
-"""The PostgreSQL backend of the SQL stores: one psycopg connection per store, in one schema.
+"""The PostgreSQL backend of the SQL stores: two psycopg connections per ``Db``, in one schema.
 
-The connection is held under a lock, one statement or transaction at a time, and replaced on
-next use after it breaks. Transactions serialize with other replicas' through transaction-scoped
-advisory locks named for the store and the schema; ``follow`` listens for the NOTIFY that
-``Tx.notify`` sends at commit.
+One connection for write transactions, one for reads outside them, each held under a lock,
+one statement or transaction at a time, and replaced on next use after it breaks.
+Transactions serialize with other replicas' through transaction-scoped advisory locks named
+for the store and the schema; ``follow`` listens for the NOTIFY that ``Tx.notify`` sends at
+commit. A COMMIT whose answer is lost raises ``RegistryUnavailable`` with ``written=None``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import anyio
 import psycopg
 from psycopg import sql
 
+from haltwire.store.registry import RegistryUnavailable
 from haltwire.store.sql import CLAUSES, Db, Params, Row, Store, Tables, Tx
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
@@ -75,9 +77,9 @@ class PostgresDb(Db):
         self.channel = notify_channel(tables.store, schema)
         # Delivered to every LISTENing replica when the writing transaction commits.
         self.notify_query = sql.SQL("SELECT pg_notify({}, %s)").format(sql.Literal(self.channel))
-        self._conn: PgConn | None = None
+        self._conns: dict[str, PgConn] = {}
         self._closed = False
-        self._lock = anyio.Lock()
+        self._locks = {"read": anyio.Lock(), "write": anyio.Lock()}
 
     @classmethod
     async def open(
@@ -100,30 +102,87 @@ class PostgresDb(Db):
                 self._bound[text] = bound
         return bound
 
-    async def _connection(self) -> PgConn:
+    async def _connection(self, role: str) -> PgConn:
         if self._closed:
             raise self._tables.closed()
-        if self._conn is None or self._conn.broken or self._conn.closed:
-            self._conn = await self._connect(application_name=self._application_name)
-        return self._conn
+        conn = self._conns.get(role)
+        if conn is None or conn.broken or conn.closed:
+            conn = self._conns[role] = await self._connect(application_name=self._application_name)
+        return conn
 
     @contextlib.asynccontextmanager
     async def _alone(self) -> AsyncIterator[_PostgresTx]:
-        """The connection, held under the lock; driver failures become ``RegistryUnavailable``."""
-        async with self._lock:
+        """The read connection, held under its lock; driver failures become ``RegistryUnavailable``."""
+        async with self._locks["read"]:
             try:
                 with anyio.fail_after(self._timeout * 2):
-                    yield _PostgresTx(await self._connection(), self)
+                    yield _PostgresTx(await self._connection("read"), self)
             except (psycopg.Error, OSError, TimeoutError) as exc:
-                await self._discard()  # its state is unknown: the next call reconnects
+                await self._discard("read")  # its state is unknown: the next call reconnects
                 raise self._tables.failed(exc) from exc
 
+    async def all(self, query: str, params: Params = ()) -> list[Row]:
+        # A read on a connection the server dropped (a restart, a failover, an idle timeout)
+        # is sent once more on a new one: reads repeat safely.
+        try:
+            return await super().all(query, params)
+        except RegistryUnavailable as exc:
+            if not isinstance(exc.__cause__, psycopg.OperationalError) or self._joined() is not None:
+                raise
+        return await super().all(query, params)
+
     @contextlib.asynccontextmanager
-    async def write(self, lock: str | None = None) -> AsyncIterator[Tx]:
-        async with self._alone() as tx, tx.conn.transaction():
-            if lock is not None:
-                await tx.lock(lock)
+    async def _begin(self) -> AsyncIterator[Tx]:
+        """A transaction on the write connection. A failure before COMMIT rolled it back; one
+        during COMMIT (the connection lost, the deadline passed) leaves its outcome unknown.
+        A connection the server dropped is found at BEGIN, before anything was sent: replaced once."""
+        committing = False
+        async with self._locks["write"]:
+            try:
+                with anyio.fail_after(self._timeout * 2):
+                    conn = await self._began()
+                    try:
+                        yield _PostgresTx(conn, self)
+                    except BaseException:
+                        with anyio.CancelScope(shield=True):
+                            try:
+                                await conn.execute("ROLLBACK")
+                            except (psycopg.Error, OSError):
+                                await self._discard("write")  # lost with its transaction
+                        raise
+                    committing = True
+                    await conn.execute("COMMIT")
+            except (psycopg.Error, OSError, TimeoutError) as exc:
+                await self._discard("write")
+                raise (self._tables.commit_lost(exc) if committing else self._tables.failed(exc)) from exc
+
+    @contextlib.asynccontextmanager
+    async def _snapshot(self) -> AsyncIterator[Tx]:
+        try:
+            conn = await self._connect(application_name=f"{self._application_name}-snapshot")
+        except (psycopg.Error, OSError) as exc:
+            raise self._tables.failed(exc) from exc
+        try:
+            await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            tx = _PostgresTx(conn, self)
+            tx.read_only = True
             yield tx
+        except (psycopg.Error, OSError) as exc:
+            raise self._tables.failed(exc) from exc
+        finally:
+            with anyio.CancelScope(shield=True), contextlib.suppress(psycopg.Error, OSError):
+                await conn.close()
+
+    async def _began(self) -> PgConn:
+        """The write connection, in a transaction just begun."""
+        try:
+            conn = await self._connection("write")
+            await conn.execute("BEGIN")
+        except psycopg.OperationalError:
+            await self._discard("write")
+            conn = await self._connection("write")
+            await conn.execute("BEGIN")
+        return conn
 
     async def follow(self, on_change: Callable[[], None]) -> None:
         """Call ``on_change`` for every NOTIFY on the store's channel, and once listening again
@@ -153,16 +212,17 @@ class PostgresDb(Db):
             await anyio.sleep(delay)
             delay = min(delay * 2, _LISTEN_RETRY_MAX_S)
 
-    async def _discard(self) -> None:
-        conn, self._conn = self._conn, None
+    async def _discard(self, role: str) -> None:
+        conn = self._conns.pop(role, None)
         if conn is not None:
             with anyio.CancelScope(shield=True), contextlib.suppress(psycopg.Error, OSError):
                 await conn.close()
 
     async def aclose(self) -> None:
-        async with self._lock:
+        async with self._locks["write"], self._locks["read"]:
             self._closed = True
-            await self._discard()
+            for role in list(self._conns):
+                await self._discard(role)
 
 
 class PostgresStore(Store):

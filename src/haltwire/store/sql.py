@@ -1,20 +1,28 @@
 """What every SQL store shares, so that a store's logic is written once for both backends.
 
 A store's logic (``store/<name>/tables.py``) runs its queries on a ``Db``: ``all`` / ``one`` /
-``execute`` for one statement on its own, ``write()`` for a transaction. Its query texts are
-written once, with ``?`` placeholders and ``{name}`` for its tables and for the clauses whose
-text differs by backend (``CLAUSES``); each ``Db`` binds them its own way. A backend module
-(``store/<name>/sqlite.py``, ``postgres.py``) is then one class: the logic, opened by
-``haltwire.store.sqlite.SqliteStore`` or ``haltwire.store.postgres.PostgresStore``.
+``execute`` for one statement on its own (a read), ``write()`` for a transaction. Its query
+texts are written once, with ``?`` placeholders and ``{name}`` for its tables and for the
+clauses whose text differs by backend (``CLAUSES``); each ``Db`` binds them its own way. A
+backend module (``store/<name>/sqlite.py``, ``postgres.py``) is then one class: the logic,
+opened by ``haltwire.store.sqlite.SqliteStore`` or ``haltwire.store.postgres.PostgresStore``.
 
-Every driver failure raises ``RegistryUnavailable`` naming the store ("runs store failed: ...").
+Several stores may share one ``Db`` (the control plane's five do: ``Tables.union``), and then
+one transaction: a ``write()`` opened while another of the same ``Db`` is open in the same task
+joins it, and so does every read. So a rule writes a stop, its audit record and the intents it
+cancels in one ``async with db.write():``, and they commit together or not at all.
+
+Every driver failure raises ``RegistryUnavailable`` naming the store ("runs store failed: ...");
+its ``written`` says whether a write may have been recorded all the same (a lost COMMIT).
 """
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -49,6 +57,15 @@ class Tables:
     def closed(self) -> RegistryUnavailable:
         return RegistryUnavailable(f"the {self.what} is closed")
 
+    def commit_lost(self, exc: Exception) -> RegistryUnavailable:
+        return RegistryUnavailable(f"{self.store} store failed while committing: {exc}", written=None)
+
+    @classmethod
+    def union(cls, store: str, what: str, *parts: Tables) -> Tables:
+        """Several stores' tables in one database, opened as one ``Db``."""
+        names = tuple(name for part in parts for name in part.names)
+        return cls(store, what, names, tuple(statement for part in parts for statement in part.ddl))
+
 
 def row_of(record: object, columns: Sequence[str], **encode: Callable[[Any], object]) -> tuple[object, ...]:
     """``record``'s attributes named by ``columns``, in that order, each through its ``encode``."""
@@ -80,17 +97,65 @@ class Tx(Statements):
     async def notify(self, payload: str) -> None:
         """At commit, wake every process following this store's writes (``Db.follow``)."""
 
+    #: A read-only snapshot (``Db.snapshot``): a ``write()`` inside it is an error.
+    read_only: bool = False
+
+
+#: The write transaction open in this task, and its ``Db``: joined by its ``write()`` and reads.
+_open: ContextVar[tuple[Db, Tx] | None] = ContextVar("haltwire_store_tx", default=None)
+
 
 class Db(Statements):
-    """A store's connection. ``all`` / ``one`` / ``execute``: one statement, atomic on its own."""
+    """A store's connections. ``all`` / ``one`` / ``execute``: one read statement, atomic on its
+    own (inside a ``write()`` of this ``Db``, a statement of that transaction)."""
 
     @abstractmethod
     def _alone(self) -> AbstractAsyncContextManager[Statements]:
-        """The connection, held for one statement outside any transaction."""
+        """A connection for reading, held for one statement outside any transaction."""
 
     @abstractmethod
-    def write(self, lock: str | None = None) -> AbstractAsyncContextManager[Tx]:
-        """A write transaction that first takes ``lock`` (``Tx.lock``), if given."""
+    def _begin(self) -> AbstractAsyncContextManager[Tx]:
+        """A new write transaction: committed when its block ends, else rolled back."""
+
+    @abstractmethod
+    def _snapshot(self) -> AbstractAsyncContextManager[Tx]:
+        """A read-only transaction on a connection of its own, seeing one committed state."""
+
+    @contextlib.asynccontextmanager
+    async def snapshot(self) -> AsyncIterator[None]:
+        """Every read of this ``Db`` in the block, by any store on it, sees the same committed
+        state, on a connection of its own (a long read holds up no other reader or writer)."""
+        async with self._snapshot() as tx:
+            token = _open.set((self, tx))
+            try:
+                yield
+            finally:
+                _open.reset(token)
+
+    def _joined(self) -> Tx | None:
+        current = _open.get()
+        return current[1] if current is not None and current[0] is self else None
+
+    @contextlib.asynccontextmanager
+    async def write(self, lock: str | None = None) -> AsyncIterator[Tx]:
+        """A write transaction that first takes ``lock`` (``Tx.lock``), if given; inside another
+        of this ``Db`` in the same task, that one (it commits when the outermost block ends)."""
+        joined = self._joined()
+        if joined is not None:
+            if joined.read_only:
+                raise RuntimeError("a write inside a read-only snapshot")
+            if lock is not None:
+                await joined.lock(lock)
+            yield joined
+            return
+        async with self._begin() as tx:
+            token = _open.set((self, tx))
+            try:
+                if lock is not None:
+                    await tx.lock(lock)
+                yield tx
+            finally:
+                _open.reset(token)
 
     @abstractmethod
     async def follow(self, on_change: Callable[[], None]) -> None:
@@ -100,6 +165,9 @@ class Db(Statements):
     async def aclose(self) -> None: ...
 
     async def all(self, query: str, params: Params = ()) -> list[Row]:
+        joined = self._joined()
+        if joined is not None:
+            return await joined.all(query, params)
         async with self._alone() as statements:
             return await statements.all(query, params)
 
@@ -111,6 +179,11 @@ class Store:
 
     def __init__(self, db: Db) -> None:
         self._db = db
+
+    @property
+    def db(self) -> Db:
+        """The store's database (shared with other stores when opened on one)."""
+        return self._db
 
     async def aclose(self) -> None:
         await self._db.aclose()

@@ -3,7 +3,7 @@
 WAL mode with ``synchronous=FULL``: a write that returned is on disk and survives the process
 being killed (and the machine losing power). A statement runs in a worker thread, under one lock
 per connection, so a transaction's statements are never interleaved with another's; inside a
-write transaction only BEGIN and COMMIT do (``SqliteDb.write``).
+write transaction only BEGIN and COMMIT do (``SqliteDb._begin``).
 """
 
 from __future__ import annotations
@@ -51,50 +51,66 @@ class _SqliteTx(Tx):
 
 
 class SqliteDb(Db):
-    """Open with ``await SqliteDb.open(path, tables)``; the tables are created if missing."""
+    """Open with ``await SqliteDb.open(path, tables)``; the tables are created if missing.
 
-    def __init__(self, conn: sqlite3.Connection, tables: Tables) -> None:
-        self._conn: sqlite3.Connection | None = conn
-        self._tx = _SqliteTx(conn, tables)
+    Two connections: one for write transactions and one for reads outside them, so a read
+    (a lease renewal's) never waits behind a write's COMMIT, which syncs the file; WAL lets the
+    reader see every committed write and never blocks the writer."""
+
+    def __init__(
+        self, writer: sqlite3.Connection, reader: sqlite3.Connection, tables: Tables, path: str | Path = ""
+    ) -> None:
+        self._path = str(path)
+        self._conns: tuple[sqlite3.Connection, sqlite3.Connection] | None = (writer, reader)
+        self._writer, self._reader = _SqliteTx(writer, tables), _SqliteTx(reader, tables)
         self._tables = tables
-        self._lock = anyio.Lock()
+        self._write_lock, self._read_lock = anyio.Lock(), anyio.Lock()
 
     @classmethod
     async def open(cls, path: str | Path, tables: Tables) -> SqliteDb:
         script = "".join(f"{statement.format(**_names(tables))};\n" for statement in tables.ddl)
 
-        def connect() -> sqlite3.Connection:
+        def connect(ddl: str) -> sqlite3.Connection:
             conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=10.0)
             try:
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=FULL")
-                conn.executescript(script)
+                conn.executescript(ddl)
             except BaseException:
                 conn.close()
                 raise
             return conn
 
         try:
-            return cls(await anyio.to_thread.run_sync(connect), tables)
+            writer = await anyio.to_thread.run_sync(connect, script)
         except sqlite3.Error as exc:
             raise RegistryUnavailable(f"cannot open the {tables.what} at {path}: {exc}") from exc
+        try:
+            reader = await anyio.to_thread.run_sync(connect, "")
+        except sqlite3.Error as exc:
+            writer.close()
+            raise RegistryUnavailable(f"cannot open the {tables.what} at {path}: {exc}") from exc
+        return cls(writer, reader, tables, path)
 
     @contextlib.asynccontextmanager
     async def _alone(self) -> AsyncIterator[_SqliteTx]:
-        async with self._lock:
-            if self._conn is None:
+        async with self._read_lock:
+            if self._conns is None:
                 raise self._tables.closed()
-            yield self._tx
+            yield self._reader
 
     @contextlib.asynccontextmanager
-    async def write(self, lock: str | None = None) -> AsyncIterator[Tx]:
+    async def _begin(self) -> AsyncIterator[Tx]:
         # IMMEDIATE takes the file's write lock before the first read: no writer, in any
         # process, comes between what the transaction reads and what it writes.
         # Only BEGIN (it may wait for another process's write lock) and COMMIT (it syncs the
         # file) go to a worker thread; the statements between them hold the write lock and only
         # touch the page cache, so they run inline: one thread hop per statement cost a stop
-        # and its audit record 80% more time.
-        async with self._alone() as tx:
+        # and its audit record 80% more time. A failed COMMIT is rolled back: nothing written.
+        async with self._write_lock:
+            if self._conns is None:
+                raise self._tables.closed()
+            tx = self._writer
             await tx.execute("BEGIN IMMEDIATE")
             try:
                 tx.inline = True
@@ -107,16 +123,36 @@ class SqliteDb(Db):
                     await tx.execute("ROLLBACK")
                 raise
 
+    @contextlib.asynccontextmanager
+    async def _snapshot(self) -> AsyncIterator[Tx]:
+        if self._conns is None:
+            raise self._tables.closed()
+        try:
+            conn = await anyio.to_thread.run_sync(
+                lambda: sqlite3.connect(self._path, isolation_level=None, check_same_thread=False, timeout=10.0)
+            )
+        except sqlite3.Error as exc:
+            raise self._tables.failed(exc) from exc
+        tx = _SqliteTx(conn, self._tables)
+        tx.read_only = True
+        try:
+            await tx.execute("BEGIN")  # WAL: a read transaction sees one committed state
+            yield tx
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(conn.close)
+
     async def follow(self, on_change: Callable[[], None]) -> None:
         # One control plane per file: every write is its own and wakes its watchers directly.
         # Anything else writing the file is picked up by the watch's heartbeat-period re-read.
         await anyio.sleep_forever()
 
     async def aclose(self) -> None:
-        async with self._lock:
-            conn, self._conn = self._conn, None
-            if conn is not None:
-                await anyio.to_thread.run_sync(conn.close)
+        async with self._write_lock, self._read_lock:
+            conns, self._conns = self._conns, None
+            if conns is not None:
+                for conn in conns:
+                    await anyio.to_thread.run_sync(conn.close)
 
 
 class SqliteStore(Store):

@@ -11,6 +11,7 @@ the routes and writes the document from them (``openapi.py``); it validates noth
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -81,10 +82,13 @@ def create_app(config: ControlConfig, stores: Stores | None = None) -> ControlAp
 
     @asynccontextmanager
     async def following(opened: Stores) -> AsyncIterator[None]:
-        # The app owns this task: writes by other replicas wake our watchers until shutdown.
+        # The app owns these tasks: writes by other replicas wake our watchers, and the audit
+        # head the watch publishes is kept current, until shutdown.
         plane.stores = opened
+        await opened.audit.seal(time.time())  # records from before the log had a key, if any
         async with anyio.create_task_group() as tg:
             tg.start_soon(opened.registry.follow_writes, plane.notify)
+            tg.start_soon(plane.follow_audit_head)
             try:
                 yield
             finally:
@@ -97,7 +101,7 @@ def create_app(config: ControlConfig, stores: Stores | None = None) -> ControlAp
             async with following(stores):
                 yield
             return
-        async with open_stores(config.registry) as opened, following(opened):
+        async with open_stores(config) as opened, following(opened):
             yield
 
     app = ControlApp(

@@ -1,8 +1,13 @@
 """Routes of the stop registry: issue, clear and list stops, read and verify the audit log, the watch.
 
+Issuing and clearing take an ``Idempotency-Key`` header: a repeat with the same key answers
+what the first request wrote (``Idempotent-Replayed: true``) and writes nothing.
+
 The watch stream is server-sent events of registry changes after a revision (``?since=N`` or
 ``Last-Event-ID``), then ``: caught-up`` once every missed change is sent, then each change as
-it is written, with a ``: heartbeat`` comment every ``heartbeat_s`` when idle.
+it is written, with a ``: heartbeat`` comment every ``heartbeat_s`` when idle. An
+``audit-head`` event (``{"seq", "hash"}``) publishes the audit log's head when it moves, so a
+follower can hold it outside the database (``GET /v1/audit/verify?expect_head=SEQ:HASH``).
 """
 
 from __future__ import annotations
@@ -18,14 +23,14 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from haltwire.control import stops
+from haltwire.control import audit, stops
 from haltwire.control.errors import Refused, invalid
-from haltwire.control.routes.views import AuditList, Health, StopList, change_json, stop_json
+from haltwire.control.routes.views import AuditHead, AuditList, Health, StopList, change_json, stop_json
 from haltwire.control.routes.wire import JSON, REF, Body, Route, body, caller, plane_of, query
 from haltwire.scope import KINDS
 from haltwire.sse import CAUGHT_UP
 from haltwire.stops import Change, ChangeKind, StopRecord
-from haltwire.store.audit import VerifyResult, verify
+from haltwire.store.audit import Head, VerifyResult
 from haltwire.store.registry import RegistryUnavailable
 
 #: ``Scope.parse``'s grammar (scope.py), so generated bodies mostly name real scopes. For the
@@ -49,13 +54,31 @@ class ClearBody(Body):
     reason: str = Field(min_length=1)
 
 
+#: The longest ``Idempotency-Key`` (as Stripe's): a UUID is 36 characters.
+MAX_REQUEST_KEY: Final = 255
+
+
+def _request_key(request: Request) -> str | None:
+    key = request.headers.get("idempotency-key")
+    if key is None:
+        return None
+    if not 1 <= len(key) <= MAX_REQUEST_KEY or not key.isprintable() or not key.isascii():
+        raise invalid(f"Idempotency-Key: 1 to {MAX_REQUEST_KEY} printable ASCII characters")
+    return key
+
+
+def _written(written: stops.Written, status: int) -> Response:
+    headers = {"Idempotent-Replayed": "true"} if written.replayed else None
+    return JSONResponse(stop_json(written.stop), status_code=status, headers=headers)
+
+
 async def issue_stop(request: Request) -> Response:
     """Issue a stop"""
     plane = plane_of(request)
     who = await caller(request, "stop.issue", write=True)
     asked = await body(request, who, IssueBody, "stop.issue")
-    stop = await stops.issue(plane, who, asked.scope, asked.reason, asked.expires_at)
-    return JSONResponse(stop_json(stop), status_code=201)
+    key = _request_key(request)
+    return _written(await stops.issue(plane, who, asked.scope, asked.reason, asked.expires_at, key), 201)
 
 
 async def clear_stop(request: Request, stop_id: str) -> Response:
@@ -63,7 +86,7 @@ async def clear_stop(request: Request, stop_id: str) -> Response:
     plane = plane_of(request)
     who = await caller(request, "stop.clear", stop_id, write=True)
     asked = await body(request, who, ClearBody, "stop.clear", stop_id)
-    return JSONResponse(stop_json(await stops.clear(plane, who, stop_id, asked.reason)))
+    return _written(await stops.clear(plane, who, stop_id, asked.reason, _request_key(request)), 200)
 
 
 async def list_stops(request: Request) -> Response:
@@ -81,9 +104,21 @@ async def list_audit(request: Request) -> Response:
 
 
 async def verify_audit(request: Request) -> Response:
-    """Check the audit log's hash chain"""
+    """Check the audit log's keyed hash chain, the registry against it, and a head held before"""
     await caller(request, "audit.read")
-    return JSONResponse(asdict(verify(await plane_of(request).open.audit.records())))
+    text = request.query_params.get("expect_head")
+    try:
+        expect = None if text is None else Head.parse(text)
+    except ValueError as exc:
+        raise invalid(f"expect_head: {exc}") from None
+    return JSONResponse(asdict(await audit.verify(plane_of(request), expect)))
+
+
+async def audit_head(request: Request) -> Response:
+    """The audit log's head: its newest record's seq and hash"""
+    await caller(request, "audit.read")
+    head = await audit.head(plane_of(request))
+    return JSONResponse({"seq": head.seq, "hash": head.hash, "head": str(head)})
 
 
 def _revision(text: str | None, name: str) -> int:
@@ -113,6 +148,7 @@ async def watch(request: Request) -> Response:
 
     async def events() -> AsyncIterator[ServerSentEvent]:
         after, (changes, last), replayed = since, first, False
+        head: Head | None = None
         while True:
             read_any = last > after  # the page read was not empty (some may be hidden from us)
             for c in changes:
@@ -124,6 +160,9 @@ async def watch(request: Request) -> Response:
                 # Every missed change is sent: only from here may a watcher count itself current.
                 replayed = True
                 yield ServerSentEvent(comment=CAUGHT_UP, sep="\n")
+            if replayed and plane.audit_head is not None and plane.audit_head != head:
+                head = plane.audit_head
+                yield ServerSentEvent(json.dumps({"seq": head.seq, "hash": head.hash}), event="audit-head")
             if not read_any:
                 # Woken by a write (ours, or another replica's via the registry's
                 # follow_writes), else re-read once a heartbeat period as a fallback.
@@ -172,8 +211,21 @@ def _watch_events() -> dict[str, Any]:
         {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]},
         False,
     )
-    return {"text/event-stream": {"schema": {"oneOf": [change, failure]}}}
+    head = event(
+        {"const": "audit-head"},
+        {"type": "object", "properties": {"seq": {"type": "integer"}, "hash": {"type": "string"}}},
+        False,
+    )
+    return {"text/event-stream": {"schema": {"oneOf": [change, failure, head]}}}
 
+
+_KEY_HEADER = query(
+    "Idempotency-Key",
+    {"type": "string", "minLength": 1, "maxLength": MAX_REQUEST_KEY},
+    "makes the request safe to repeat: a repeat with the same key answers what the first wrote",
+    "header",
+)
+_EXPECT = "SEQ:HASH as `GET /v1/audit/head` gave it: the log must still hold that record with that hash"
 
 #: A stop just issued can be cleared: schemathesis' stateful phase follows this link.
 _CLEAR_LINK = {"clear": {"operationId": "clear_stop", "parameters": {"stop_id": "$response.body#/stop_id"}}}
@@ -190,9 +242,10 @@ routes = [
         "/v1/stops",
         issue_stop,
         "stop.issue",
-        (201, StopRecord, "the stop issued"),
-        (422, 503),
+        (201, StopRecord, "the stop issued (or, Idempotent-Replayed, the one its key issued before)"),
+        ((409, "idempotency_conflict: the Idempotency-Key was used before for another request"), 422, 503),
         body=IssueBody,
+        query=[_KEY_HEADER],
         links=_CLEAR_LINK,
     ),
     Route(
@@ -212,11 +265,15 @@ routes = [
         (200, StopRecord, "the stop as cleared"),
         (
             (404, "unknown_stop: no stop has this id"),
-            (409, "already_cleared: the stop was cleared before"),
+            (
+                409,
+                "already_cleared: the stop was cleared before; idempotency_conflict: the key was used for another request",
+            ),
             422,
             503,
         ),
         body=ClearBody,
+        query=[_KEY_HEADER],
     ),
     Route(
         "GET",
@@ -227,7 +284,16 @@ routes = [
         (503,),
         query=[query("target", {"type": "string"}, "only records about this target (a stop id, a scope)")],
     ),
-    Route("GET", "/v1/audit/verify", verify_audit, "audit.read", (200, VerifyResult, "the result"), (503,)),
+    Route(
+        "GET",
+        "/v1/audit/verify",
+        verify_audit,
+        "audit.read",
+        (200, VerifyResult, "the result"),
+        (422, 503),
+        query=[query("expect_head", {"type": "string", "pattern": "^[0-9]+:[0-9a-f]{64}$"}, _EXPECT)],
+    ),
+    Route("GET", "/v1/audit/head", audit_head, "audit.read", (200, AuditHead, "the head"), (503,)),
     Route(
         "GET",
         "/v1/watch",

@@ -52,6 +52,13 @@ class AuditList(TypedDict):
     records: list[AuditRecord]
 
 
+class AuditHead(TypedDict):
+    seq: int
+    hash: str
+    #: ``SEQ:HASH``, as ``expect_head`` takes it.
+    head: str
+
+
 class RunList(TypedDict):
     runs: list[RunRecord]
 

@@ -10,26 +10,43 @@ from __future__ import annotations
 
 from haltwire.store.audit import (
     DDL,
+    GENESIS,
     QUERIES,
     AuditLog,
     AuditRecord,
     Fields,
+    Head,
     as_row,
     from_row,
     new_record,
     records_query,
 )
-from haltwire.store.sql import Store, Tables
+from haltwire.store.sql import Db, Store, Tables
 
 
 class SqlAuditLog(Store, AuditLog):
     TABLES = Tables("audit", "audit log", ("audit",), DDL)
 
+    def __init__(self, db: Db, key: bytes | None = None) -> None:
+        super().__init__(db)
+        self.key = key
+
     async def _append(self, fields: Fields, now: float) -> AuditRecord:
+        # Inside a caller's transaction (a stop and its record), the lock is held until it
+        # commits: the next append waits, so seq order is commit order.
         async with self._db.write("audit") as tx:
-            record = new_record(await tx.one(QUERIES["last"]), fields, now)
+            record = new_record(await tx.one(QUERIES["last"]), fields, now, self.key)
             await tx.execute(QUERIES["insert"], as_row(record))
         return record
+
+    async def head(self) -> Head:
+        row = await self._db.one(QUERIES["last"])
+        return Head(0, GENESIS) if row is None else Head(int(row[0]), str(row[1]))
+
+    async def at_seq(self, seq: int) -> AuditRecord | None:
+        """The record with this seq, if there is one."""
+        row = await self._db.one(QUERIES["at_seq"], (seq,))
+        return None if row is None else from_row(row)
 
     async def records(
         self, *, since_seq: int = 0, target: str | None = None, limit: int | None = None

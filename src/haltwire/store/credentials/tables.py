@@ -10,7 +10,8 @@ class SqlCredentialStore(Store):
     TABLES = Tables("credentials", "credential map", ("credentials",), DDL)
 
     async def record(self, credential: CredentialRecord) -> None:
-        await self._db.execute(QUERIES["record"], as_row(credential))
+        async with self._db.write() as tx:
+            await tx.execute(QUERIES["record"], as_row(credential))
 
     async def for_run(self, run_id: str) -> list[CredentialRecord]:
         return [from_row(row) for row in await self._db.all(QUERIES["for_run"], (run_id,))]

@@ -76,11 +76,13 @@ class SqliteIdempotency:
 
     async def complete(self, scope_key: str, outcome: str) -> None:
         with _unavailable():
-            await (await self._opened()).execute(_COMPLETE, (outcome, scope_key))
+            async with (await self._opened()).write() as tx:
+                await tx.execute(_COMPLETE, (outcome, scope_key))
 
     async def release(self, scope_key: str) -> None:
         with _unavailable():
-            await (await self._opened()).execute(_RELEASE, (scope_key,))
+            async with (await self._opened()).write() as tx:
+                await tx.execute(_RELEASE, (scope_key,))
 
     async def aclose(self) -> None:
         if self._db is not None:

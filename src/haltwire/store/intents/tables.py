@@ -43,6 +43,11 @@ class SqlIntentStore(Store):
     async def _rows(self, query: str, params: Params) -> builtins.list[Intent]:
         return [from_row(row) for row in await self._db.all(query, params)]
 
+    async def _written(self, query: str, params: Params) -> builtins.list[Intent]:
+        """The rows one writing statement answers, in a write transaction (joined if open)."""
+        async with self._db.write() as tx:
+            return [from_row(row) for row in await tx.all(query, params)]
+
     async def create(self, intent: Intent) -> Created:
         async with self._db.write() as tx:
             row = await tx.one(QUERIES["create"], as_row(intent))
@@ -66,7 +71,7 @@ class SqlIntentStore(Store):
 
     async def claim_next(self, executor: str, now: float) -> Intent | None:
         # One statement: atomic on its own, in either backend.
-        rows = await self._rows(QUERIES["claim_next"], (claimant(executor), now, now))
+        rows = await self._written(QUERIES["claim_next"], (claimant(executor), now, now))
         return rows[0] if rows else None
 
     async def _locked(self, tx: Tx, intent_id: str) -> Intent | None:
@@ -90,7 +95,7 @@ class SqlIntentStore(Store):
         return await self._move(intent_id, "fail", claimant(executor), error=error, updated_at=now)
 
     async def mark_unknown(self, executor: str, now: float) -> builtins.list[Intent]:
-        return oldest_first(await self._rows(QUERIES["mark_unknown"], (now, claimant(executor))))
+        return oldest_first(await self._written(QUERIES["mark_unknown"], (now, claimant(executor))))
 
     async def check(
         self, intent_id: str, executor: str, revision: int, now: float, limit: int | None = None
@@ -120,7 +125,7 @@ class SqlIntentStore(Store):
         # One statement: atomic. A row an executor is claiming or checking meanwhile is
         # re-read after its lock is released: claimed and unchecked, it is cancelled; checked,
         # it is left to settle (the check's row lock orders the two).
-        return oldest_first(await self._rows(*cancel_query(scope, stop_id, now)))
+        return oldest_first(await self._written(*cancel_query(scope, stop_id, now)))
 
     async def approve(self, intent_id: str, by: str, now: float) -> Intent:
         return await self._move(intent_id, "approve", decided_by=decider(by), updated_at=now)

@@ -10,6 +10,8 @@ written once here; ``tables.SqlRegistry`` is the registry over either SQL backen
 
 from __future__ import annotations
 
+import hashlib
+import json
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -25,7 +27,15 @@ Row = Sequence[Any]
 
 
 class RegistryUnavailable(Exception):
-    """The store could not be reached or failed. Callers fail closed."""
+    """The store could not be reached or failed. Callers fail closed.
+
+    ``written`` is False when nothing was written (the transaction rolled back, or nothing
+    was being written), None when a write's COMMIT was sent and its answer lost: it may
+    have been recorded."""
+
+    def __init__(self, message: str, *, written: bool | None = False) -> None:
+        super().__init__(message)
+        self.written = written
 
 
 class UnknownStop(LookupError):
@@ -34,6 +44,10 @@ class UnknownStop(LookupError):
 
 class AlreadyCleared(Exception):
     """The stop was cleared before; a clear is recorded once."""
+
+
+class RequestConflict(Exception):
+    """A request key already names a request with other content (another scope, reason, stop)."""
 
 
 class Registry(Protocol):
@@ -65,6 +79,21 @@ class Registry(Protocol):
         """The latest revision; 0 when nothing was ever recorded."""
         ...
 
+    async def digests(self, after: int, limit: int) -> list[tuple[int, str]]:
+        """``(revision, digest)`` of the changes after ``after`` as stored (``digest``), ascending:
+        what the audit log's records of them must name."""
+        ...
+
+    async def requested(self, actor: str, key: str, fingerprint: str) -> str | None:
+        """The stop an earlier request of ``actor`` with this key wrote (or cleared), or None.
+        Takes the registry's write lock: call it in the write transaction that will answer the
+        request. ``RequestConflict`` when the key came before with another ``fingerprint``."""
+        ...
+
+    async def remember(self, actor: str, key: str, fingerprint: str, stop_id: str) -> None:
+        """Record that ``actor``'s request with this key wrote (or cleared) ``stop_id``."""
+        ...
+
     async def follow_writes(self, on_change: Callable[[], None]) -> None:
         """Call ``on_change`` whenever another process may have written; runs until cancelled.
 
@@ -92,6 +121,14 @@ DDL: Final = (
     expires_at DOUBLE PRECISION
 )""",
     "CREATE UNIQUE INDEX IF NOT EXISTS changes_one_kind_per_stop ON {changes} (stop_id, kind)",
+    # Idempotency keys of stop and clear requests: a retried request answers what the first did.
+    """CREATE TABLE IF NOT EXISTS {requests} (
+    actor       TEXT NOT NULL,
+    request_key TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    stop_id     TEXT NOT NULL,
+    PRIMARY KEY (actor, request_key)
+)""",
 )
 
 QUERIES: Final = {
@@ -107,7 +144,50 @@ QUERIES: Final = {
     "WHERE c.revision > ? ORDER BY c.revision LIMIT ?",
     "latest": "SELECT COALESCE(MAX(revision), 0) FROM {changes}",
     "all": f"SELECT {_COLS} FROM {{changes}} ORDER BY revision",
+    "page": f"SELECT {_COLS} FROM {{changes}} WHERE revision > ? ORDER BY revision LIMIT ?",
+    "requested": "SELECT fingerprint, stop_id FROM {requests} WHERE actor = ? AND request_key = ?",
+    "remember": "INSERT INTO {requests} (actor, request_key, fingerprint, stop_id) VALUES (?, ?, ?, ?)",
 }
+
+
+def digest(row: Row) -> str:
+    """A change's digest: the SHA-256 of the canonical JSON of its columns, as stored."""
+    revision, kind, stop_id, scope, reason, actor, at, expires_at = row
+    try:
+        values = [int(revision), kind, stop_id, scope, reason, actor, float(at)]
+        values.append(None if expires_at is None else float(expires_at))
+        text = json.dumps(values, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    except (TypeError, ValueError):  # a row edited into something no change is: it matches nothing
+        text = "unreadable " + repr(tuple(row))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def issue_row(stop: StopRecord) -> Row:
+    """The ``stop`` change that recorded ``stop``, as stored."""
+    return (
+        stop.revision,
+        "stop",
+        stop.stop_id,
+        stop.scope,
+        stop.reason,
+        stop.issued_by,
+        stop.issued_at,
+        stop.expires_at,
+    )
+
+
+def clear_row(stop: StopRecord) -> Row:
+    """The ``clear`` change of a cleared ``stop``, as stored."""
+    return (
+        stop.cleared_revision,
+        "clear",
+        stop.stop_id,
+        stop.scope,
+        stop.clear_reason,
+        stop.cleared_by,
+        stop.cleared_at,
+        None,
+    )
 
 
 def new_stop_id() -> str:
@@ -203,6 +283,7 @@ __all__ = [
     "ChangeKind",
     "Registry",
     "RegistryUnavailable",
+    "RequestConflict",
     "StopRecord",
     "UnknownStop",
 ]

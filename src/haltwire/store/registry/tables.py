@@ -16,10 +16,12 @@ from haltwire.store.registry import (
     DDL,
     QUERIES,
     RegistryUnavailable,
+    RequestConflict,
     change,
     checked_clear,
     checked_issue,
     clearable,
+    digest,
     fold,
     fold_all,
     issued,
@@ -29,7 +31,7 @@ from haltwire.store.sql import Row, Store, Tables, Tx
 
 
 class SqlRegistry(Store):
-    TABLES = Tables("registry", "registry", ("changes",), DDL)
+    TABLES = Tables("registry", "registry", ("changes", "requests"), DDL)
 
     async def _append(self, tx: Tx, fields: tuple[object, ...]) -> int:
         """Append one change with the next revision, inside the caller's write transaction."""
@@ -73,6 +75,22 @@ class SqlRegistry(Store):
 
     async def revision(self) -> int:
         return _latest(await self._db.one(QUERIES["latest"]))
+
+    async def digests(self, after: int, limit: int) -> list[tuple[int, str]]:
+        return [(int(row[0]), digest(row)) for row in await self._db.all(QUERIES["page"], (after, limit))]
+
+    async def requested(self, actor: str, key: str, fingerprint: str) -> str | None:
+        async with self._db.write("registry") as tx:
+            row = await tx.one(QUERIES["requested"], (actor, key))
+        if row is None:
+            return None
+        if row[0] != fingerprint:
+            raise RequestConflict(f"the request key {key!r} was used before for another request")
+        return str(row[1])
+
+    async def remember(self, actor: str, key: str, fingerprint: str, stop_id: str) -> None:
+        async with self._db.write("registry") as tx:
+            await tx.execute(QUERIES["remember"], (actor, key, fingerprint, stop_id))
 
     async def follow_writes(self, on_change: Callable[[], None]) -> None:
         await self._db.follow(on_change)

@@ -34,7 +34,8 @@ class SqlRunStore(Store):
         raise NotImplementedError
 
     async def register(self, run: RunRecord) -> RunRecord:
-        return registered(await self._db.one(QUERIES["register"], as_row(run)), run)
+        async with self._db.write() as tx:
+            return registered(await tx.one(QUERIES["register"], as_row(run)), run)
 
     async def get(self, run_id: str) -> RunRecord | None:
         row = await self._db.one(QUERIES["get"], (run_id,))
@@ -52,7 +53,8 @@ class SqlRunStore(Store):
         return [from_row(row) for row in await self._db.all(QUERIES["list"], (max(0, limit),))]
 
     async def end(self, run_id: str, at: float) -> RunRecord:
-        return ended(await self._db.one(QUERIES["end"], (at, run_id)), run_id)
+        async with self._db.write() as tx:
+            return ended(await tx.one(QUERIES["end"], (at, run_id)), run_id)
 
     async def save_checkpoint(self, run_id: str, data: dict[str, Any], at: float) -> Checkpoint:
         text = checkpoint_data(data)
