@@ -140,7 +140,7 @@ async def test_a_report_has_each_intent_in_its_section_the_stops_and_the_timelin
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
         for t in timeline:
             assert t == {k: records[t["seq"]][k] for k in t}
-            assert set(t) == {"seq", "at", "actor", "role", "action", "target", "outcome", "reason"}
+            assert set(t) == {"seq", "at", "actor", "role", "action", "target", "outcome", "reason", "malformed"}
         steps = [(t["action"], t["target"], t["outcome"]) for t in timeline]
         i = ids
         assert steps == [

@@ -80,7 +80,9 @@ class Plane:
     async def transaction(self) -> AsyncIterator[None]:
         """Every store write and audit record inside commits together when the block ends, or
         none does: ``RegistryUnavailable`` (its ``written`` says which), or what the block
-        raised. Refusals are audited after it, in a transaction of their own (``refuse``)."""
+        raised. Refusals are audited after it, in a transaction of their own (``refuse``).
+        Reads inside see the block's own writes: never catch the mirror up inside one that
+        writes a stop (it would hold a stop that may yet roll back)."""
         async with self.open.db.write():
             yield
 

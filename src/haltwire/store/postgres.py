@@ -158,6 +158,8 @@ class PostgresDb(Db):
 
     @contextlib.asynccontextmanager
     async def _snapshot(self) -> AsyncIterator[Tx]:
+        if self._closed:
+            raise self._tables.closed()
         try:
             conn = await self._connect(application_name=f"{self._application_name}-snapshot")
         except (psycopg.Error, OSError) as exc:
