@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from haltwire.control.plane import MAX_AUDIT_TEXT, excerpt
-from haltwire.scope import MAX_SCOPE_CHARS, Scope, ScopeError
-from haltwire.stops import MAX_REASON_CHARS
+from haltwire.limits import MAX_REASON_CHARS, MAX_SCOPE_CHARS
+from haltwire.scope import Scope, ScopeError
 from test_control import auth, control
 
 pytestmark = pytest.mark.anyio
