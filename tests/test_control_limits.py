@@ -10,7 +10,7 @@ import pytest
 from haltwire.control.plane import MAX_AUDIT_TEXT, excerpt
 from haltwire.limits import MAX_REASON_CHARS, MAX_SCOPE_CHARS
 from haltwire.scope import Scope, ScopeError
-from test_control import auth, control
+from plane_harness import bearer, full_plane
 
 pytestmark = pytest.mark.anyio
 
@@ -41,8 +41,11 @@ def test_oversized_scopes_and_control_characters_are_not_scopes(text: str) -> No
 async def test_a_stop_with_a_huge_or_unprintable_field_is_refused_and_audited_in_brief(
     tmp_path: Path, body: dict[str, str], problem: str
 ) -> None:
-    async with control(tmp_path) as (client, stores):
-        r = await client.post("/v1/stops", json=body, headers=auth("operator"))
+    # Past the body limit too: the field's own limit is what refuses it.
+    registry = {"backend": "sqlite", "path": str(tmp_path / "control.db")}
+    limits = {"max_body_bytes": 16 << 20, "max_intent_body_bytes": 16 << 20}
+    async with full_plane(registry, **limits) as (client, stores):
+        r = await client.post("/v1/stops", json=body, headers=bearer("operator"))
         assert r.status_code == 422 and problem in r.json()["error"]["message"], r.text
         assert len(r.content) < 2_000, "the answer does not echo the input"
         records = await stores.audit.records()
@@ -52,8 +55,8 @@ async def test_a_stop_with_a_huge_or_unprintable_field_is_refused_and_audited_in
 
 
 async def test_clearing_with_an_unfit_reason_is_a_422_not_a_500(tmp_path: Path) -> None:
-    async with control(tmp_path) as (client, _):
-        stop = (await client.post("/v1/stops", json={"scope": "agent:a1", "reason": "r"}, headers=auth("operator"))).json()
+    async with full_plane({"backend": "sqlite", "path": str(tmp_path / "control.db")}) as (client, _):
+        stop = (await client.post("/v1/stops", json={"scope": "agent:a1", "reason": "r"}, headers=bearer("operator"))).json()
         for reason in ("   ", "bad\x00reason"):
-            r = await client.post(f"/v1/stops/{stop['stop_id']}/clear", json={"reason": reason}, headers=auth("operator"))
+            r = await client.post(f"/v1/stops/{stop['stop_id']}/clear", json={"reason": reason}, headers=bearer("operator"))
             assert r.status_code == 422, r.text

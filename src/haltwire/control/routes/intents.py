@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
 from starlette.requests import Request
@@ -17,6 +17,7 @@ from haltwire.control.routes.views import IntentList, intent_json, intents_json
 from haltwire.control.routes.wire import (
     ERRORS,
     Body,
+    BodyLimit,
     Errors,
     Route,
     body,
@@ -39,6 +40,9 @@ def _strict_json(value: Any, what: str) -> Any:
 
 
 class IntentBody(Body):
+    #: The arguments are a tool call's, as large as the gateway took them.
+    body_limit: ClassVar[BodyLimit] = "max_intent_body_bytes"
+
     run_id: str | None = Field(default=None, pattern=RUN_ID)
     agent: str = Field(min_length=1, max_length=256)
     tenant: str = Field(min_length=1, max_length=256)
@@ -55,6 +59,9 @@ class IntentBody(Body):
 
 
 class CommitBody(Body):
+    #: The tool's result, which nothing before bounds.
+    body_limit: ClassVar[BodyLimit] = "max_intent_body_bytes"
+
     outcome: dict[str, Any]
 
     @field_validator("outcome")

@@ -12,7 +12,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from haltwire.control import runs
-from haltwire.control.errors import Refused
 from haltwire.control.routes.views import Registration, Renewals, RunList, checkpoint_json, run_json
 from haltwire.control.routes.wire import (
     FORBIDDEN_RUN,
@@ -34,8 +33,6 @@ RUN_ID: Final = r"^[A-Za-z0-9_.:-]{1,128}$"
 #: A run id in a path: documented with the pattern ids have; any other is simply unknown (404).
 RunId = Annotated[str, Path(json_schema_extra={"pattern": RUN_ID})]
 MAX_BATCH: Final = 1000
-#: A checkpoint is a run's resumable state, not its transcript: bounded, so one run cannot fill the store.
-MAX_CHECKPOINT_BYTES: Final = 1 << 20
 
 
 class RegisterBody(Body):
@@ -50,6 +47,7 @@ class RenewBody(Body):
 
 
 class CheckpointBody(Body):
+    #: A run's resumable state, not its transcript: bounded by the body's limit.
     data: dict[str, Any]
 
     @field_validator("data")
@@ -104,9 +102,6 @@ async def save_checkpoint(request: Request, run_id: RunId) -> Response:
     """Save a run's next checkpoint"""
     plane = plane_of(request)
     who = await caller(request, "checkpoint.save", run_id, write=True)
-    if len(await request.body()) > MAX_CHECKPOINT_BYTES:
-        too_large = Refused(413, "payload_too_large", f"a checkpoint is at most {MAX_CHECKPOINT_BYTES} bytes")
-        raise await plane.refuse(who, "checkpoint.save", run_id, too_large)
     asked = await body(request, who, CheckpointBody, "checkpoint.save", run_id)
     return JSONResponse(asdict(await runs.save_checkpoint(plane, who, run_id, asked.data)))
 
@@ -217,7 +212,6 @@ routes = [
         (
             FORBIDDEN_RUN,
             UNKNOWN_RUN,
-            (413, f"payload_too_large: the body is over {MAX_CHECKPOINT_BYTES} bytes"),
             422,
             503,
         ),
