@@ -47,3 +47,10 @@ def has_control_characters(text: str, allowed: str = "") -> bool:
     """Whether ``text`` holds a control character (C0 with NUL, DEL, C1), other than ``allowed``."""
     return any(unicodedata.category(c) == "Cc" and c not in allowed for c in text)
 
+
+def shown(text: str, most: int = 32) -> str:
+    """A caller's text as a refusal may quote it (a key's name, say): its start, control
+    characters escaped (PostgreSQL refuses NUL in any text, the audit log's too)."""
+    start = "".join(f"\\x{ord(c):02x}" if has_control_characters(c) else c for c in text[:most])
+    return start if len(text) <= most else f"{start}... ({len(text)} characters)"
+

@@ -2,15 +2,18 @@
 bodies, error answers.
 
 A route (``Route``: a FastAPI route and its operation in the OpenAPI document) authenticates
-and authorizes its caller (``caller``), parses its body (``parse_body``: a pydantic model that
-forbids unknown keys; a bad one is 422 ``invalid_request`` naming each problem), calls one rule
-and writes its answer. Every refusal a rule raises is ``Refused``, answered as
-``{"error": {"code", "message", "retryable", ...}}`` (``answer``).
+and authorizes its caller (``caller``: the path's ids checked too), parses its body
+(``parse_body``: a pydantic model that forbids unknown keys; a bad one is 422
+``invalid_request`` naming each problem), calls one rule and writes its answer. Every refusal a
+rule raises is ``Refused``, answered as ``{"error": {"code", "message", "retryable", ...}}``
+(``answer``).
 
 Limits (``haltwire.limits``): a body past ``[control] max_body_bytes`` (or, for a body model
 that says so, ``max_intent_body_bytes``) is 413 ``payload_too_large``, known from its
 Content-Length before it is read or counted as it streams in; a route without a body refuses
-a Content-Length past ``max_body_bytes`` before anything else.
+a Content-Length past ``max_body_bytes`` before anything else. Fields are bounded by the
+types of ``fields`` (``Id``, ``Name``, ``Key``, ``Text``), and no refusal quotes more of a value than
+``limits.shown`` does.
 
 FastAPI validates nothing here. It would decode a body before the caller is known and answer
 its own 422, unaudited: a body model is in the document only, and the handler parses it after
@@ -34,8 +37,9 @@ from haltwire.control.access import ROLES, authenticate, authorize
 from haltwire.control.config import Caller, Role
 from haltwire.control.errors import Refused, invalid
 from haltwire.control.plane import Plane
+from haltwire.control.routes.fields import ID_RULE, is_id
 from haltwire.control.routes.views import Error
-from haltwire.limits import MAX_BODY_BYTES, MAX_INTENT_BODY_BYTES
+from haltwire.limits import MAX_BODY_BYTES, MAX_INTENT_BODY_BYTES, shown
 
 JSON: Final = "application/json"
 REF: Final = "#/components/schemas/{model}"
@@ -66,6 +70,8 @@ _DEFAULTS: Final[dict[str, int]] = {
     "max_body_bytes": MAX_BODY_BYTES,
     "max_intent_body_bytes": MAX_INTENT_BODY_BYTES,
 }
+#: The most problems one refusal lists (a body can have thousands).
+_PROBLEMS: Final = 5
 
 
 class Body(BaseModel):
@@ -115,6 +121,8 @@ class Route(APIRoute):
         meanings.setdefault(
             413, f"payload_too_large: the body is over [control] {limit} ({_DEFAULTS[limit]} by default)"
         )
+        if "{" in path:
+            meanings.setdefault(422, f"invalid_request: {ID_RULE} in the path")
         extra: dict[str, Any] = {}
         if action is None:
             extra["security"] = []
@@ -191,9 +199,16 @@ def plane_of(request: Request) -> Plane:
 
 
 async def caller(request: Request, action: str, target: str = "", write: bool = False) -> Caller:
-    """The request's caller, if its role may take ``action`` (a refused write is audited)."""
+    """The request's caller, if its role may take ``action`` and the path's ids are ids (a
+    refused write is audited)."""
     plane = plane_of(request)
     who = authenticate(plane, request.headers.get("authorization"))
+    for name, value in request.path_params.items():
+        if not is_id(value):
+            problem = invalid(f"{name}: {ID_RULE}")
+            if write:  # before authorize, which would audit the value as its target
+                raise await plane.refuse(who, action, shown(value), problem)
+            raise problem
     await authorize(plane, who, action, target, write)
     return who
 
@@ -208,16 +223,20 @@ async def body(request: Request, who: Caller, model: type[BodyT], action: str, t
 
 
 async def parse_body(request: Request, model: type[BodyT]) -> BodyT:
-    """The request's JSON body as ``model``: ``Refused`` 413 past its limit, 422 naming every
-    problem."""
+    """The request's JSON body as ``model``: ``Refused`` 413 past its limit, 422 naming the
+    first problems (the fields, and the limits they break; never the values)."""
     raw = await read_body(request, getattr(plane_of(request).config.control, model.body_limit))
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()
-        )
-        raise invalid(problems) from None
+        errors = exc.errors(include_url=False, include_input=False)
+        problems = [
+            f"{'.'.join(shown(str(p)) for p in e['loc']) or 'body'}: {shown(e['msg'], 200)}"
+            for e in errors[:_PROBLEMS]
+        ]
+        if len(errors) > _PROBLEMS:
+            problems.append(f"and {len(errors) - _PROBLEMS} more")
+        raise invalid("; ".join(problems)) from None
 
 
 async def read_body(request: Request, most: int) -> bytes:
@@ -249,13 +268,17 @@ def too_large(most: int) -> Refused:
 def query_limit(request: Request, default: int = 100, most: int = 1000) -> int:
     """The ``?limit=`` of a list request, from 1 to ``most``; ``Refused`` 422 otherwise."""
     text = request.query_params.get("limit", str(default))
-    try:
-        limit = int(text)
-    except ValueError:
-        raise invalid(f"limit must be a number, not {text!r}") from None
-    if not 1 <= limit <= most:
-        raise invalid(f"limit must be from 1 to {most}")
-    return limit
+    if not (text.isascii() and text.isdigit() and len(text) <= len(str(most)) and 1 <= int(text) <= most):
+        raise invalid(f"limit: a number from 1 to {most}")
+    return int(text)
+
+
+def query_id(request: Request, name: str) -> str | None:
+    """An id in the query (``?run=``), or None when it is not there; ``Refused`` 422 if not an id."""
+    value = request.query_params.get(name) or None
+    if value is not None and not is_id(value):
+        raise invalid(f"{name}: {ID_RULE}")
+    return value
 
 
 def limit_query(most: int, what: str) -> dict[str, Any]:
