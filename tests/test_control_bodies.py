@@ -16,7 +16,8 @@ from haltwire.control import parse_control_config
 from haltwire.control.access import ROLES
 from haltwire.control.routes import routes
 from haltwire.control.routes.wire import Route
-from haltwire.limits import MAX_BODY_BYTES, MAX_INTENT_BODY_BYTES
+from haltwire.executor.client import IntentClient
+from haltwire.limits import MAX_BODY_BYTES, MAX_INTENT_BODY_BYTES, MAX_REASON_CHARS
 from plane_harness import TOKENS, bearer, chunked, full_plane, plane_config, raw_request
 
 pytestmark = pytest.mark.anyio
@@ -132,6 +133,28 @@ async def test_the_limits_are_configured_and_larger_only_for_intents(tmp_path: P
         too_big = {**body, "idempotency_key": "k-2", "arguments": {"blob": "a" * MAX_INTENT_BODY_BYTES}}
         r = await client.post("/v1/intents", json=too_big, headers=bearer("gateway"))
         assert_too_large(r.status_code, r.content, MAX_INTENT_BODY_BYTES)
+
+
+async def test_the_executor_records_a_result_or_an_error_too_large_for_the_limits(tmp_path: Path) -> None:
+    """The call was made: a refusal to record it would leave the intent claimed for good."""
+    async with full_plane(sqlite(tmp_path), max_body_bytes=4096, max_intent_body_bytes=65536) as (client, _):
+        body = {"agent": "a1", "tenant": "acme", "version": "2.1", "tool": "refund", "arguments": {}}
+        for key in ("k-1", "k-2"):
+            r = await client.post(
+                "/v1/intents", json={**body, "idempotency_key": key}, headers=bearer("gateway")
+            )
+            assert r.status_code == 201, r.text
+        async with IntentClient(str(client.base_url), TOKENS["executor"]) as control:
+            first, second = await control.claim(), await control.claim()
+            assert first is not None and second is not None
+            result = {"content": [{"type": "text", "text": "o" * 100_000}]}
+            committed = await control.commit(first["intent_id"], result)
+            kept = committed["outcome"]["content"][0]["text"]
+            size = len(json.dumps(result, separators=(",", ":")))
+            assert committed["state"] == "committed" and f"({size} bytes of JSON, sha256 " in kept
+            failed = await control.fail(second["intent_id"], "Traceback\r\n\x1b[31m" + "x" * 10_000)
+            assert failed["state"] == "failed" and len(failed["error"]) == MAX_REASON_CHARS
+            assert failed["error"].startswith("Traceback \n [31mxxx") and failed["error"].endswith("x...")
 
 
 def test_the_limits_are_checked_up_front(tmp_path: Path) -> None:

@@ -54,3 +54,11 @@ def shown(text: str, most: int = 32) -> str:
     start = "".join(f"\\x{ord(c):02x}" if has_control_characters(c) else c for c in text[:most])
     return start if len(text) <= most else f"{start}... ({len(text)} characters)"
 
+
+def fitted(text: str, most: int = MAX_REASON_CHARS) -> str:
+    """``text`` as a reason field takes it, for text nobody chose (a tool's error message): other
+    control characters than newline and tab become spaces, and past ``most`` it is cut."""
+    kept = "".join(" " if has_control_characters(c, "\n\t") else c for c in text[:most]).strip()
+    if len(text) > most:
+        kept = kept[: most - 3] + "..."
+    return kept or "(no message)"
