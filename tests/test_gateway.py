@@ -308,6 +308,12 @@ async def test_an_oversized_body_gets_413() -> None:
 
             response = await http.post(url, headers=_headers(TOKENS["ops-bot"]), content=chunks())
             assert response.status_code == 413
+
+            # Not a tools/call: the SDK's path, where the refusal was plain text.
+            headers = {k: v for k, v in _headers(TOKENS["ops-bot"]).items() if not k.startswith("Mcp-")}
+            response = await http.post(url, headers=headers, content=chunks())
+            assert response.status_code == 413
+            assert response.json()["error"]["code"] == "payload_too_large"
     assert demo.served["lookup_order"] == 0
 
 

@@ -25,7 +25,7 @@ from starlette.routing import Route
 from control_harness import TOKEN, Events, auth, config_dict, issue
 from haltwire.control import create_app, parse_control_config
 from haltwire.control.routes import document, routes
-from haltwire.control.routes.runs import MAX_CHECKPOINT_BYTES
+from haltwire.limits import MAX_BODY_BYTES
 from haltwire.serve import serving
 
 pytestmark = pytest.mark.anyio
@@ -241,7 +241,7 @@ async def test_run_and_lease_responses_match_the_document(tmp_path: Path) -> Non
         assert r.status_code == 200 and conforms(r, "put", checkpoint)["seq"] == 1
         r = await client.get(path, headers=auth("viewer"))
         assert r.status_code == 200 and conforms(r, "get", checkpoint)["data"] == {"step": 1, "notes": ["a"]}
-        r = await client.put(path, json={"data": "x" * MAX_CHECKPOINT_BYTES}, headers=auth("agent"))
+        r = await client.put(path, json={"data": "x" * MAX_BODY_BYTES}, headers=auth("agent"))
         assert r.status_code == 413 and conforms(r, "put", checkpoint)["error"]["code"] == "payload_too_large"
         r = await client.put(path, json={"data": [1]}, headers=auth("agent"))
         assert r.status_code == 422 and conforms(r, "put", checkpoint)["error"]["code"] == "invalid_request"

@@ -8,28 +8,19 @@ scope is in that set. Matching is a set lookup per call, however many stops are 
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, Generic, Literal, TypeVar, get_args
 
 from haltwire.identity import Identity
+from haltwire.limits import MAX_SCOPE_CHARS, has_control_characters
 
 ScopeKind = Literal["run", "tenant", "tool", "agent", "version", "global"]
 KINDS: Final[tuple[str, ...]] = get_args(ScopeKind)
 
 
-#: The longest scope text (a version scope names an agent and its version).
-MAX_SCOPE_CHARS: Final = 512
-
-
 class ScopeError(ValueError):
     """A scope string that does not parse; the message says what is wrong."""
-
-
-def has_control_characters(text: str, allowed: str = "") -> bool:
-    """Whether ``text`` holds a control character (C0 with NUL, DEL, C1), other than ``allowed``."""
-    return any(unicodedata.category(c) == "Cc" and c not in allowed for c in text)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,14 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Literal
 
-from haltwire.scope import Scope, ScopeIndex, has_control_characters
+from haltwire.limits import MAX_REASON_CHARS, has_control_characters
+from haltwire.scope import Scope, ScopeIndex
 
 ChangeKind = Literal["stop", "clear"]
-
-#: The longest reason a stop (or its clear) may give: a sentence for the run report, not a log.
-MAX_REASON_CHARS: Final = 2000
 
 
 def checked_reason(reason: str, what: str = "a stop") -> str:

@@ -16,6 +16,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from haltwire.config import ConfigModel, LeaseKeysSection, TokenFields, read_toml, validate_config
 from haltwire.identity import token_sha256
+from haltwire.limits import MAX_BODY_BYTES, MAX_INTENT_BODY_BYTES, MIN_BODY_BYTES
 from haltwire.listener import ListenerLimits
 
 Role = Literal["operator", "tripwire", "gateway", "executor", "agent", "viewer"]
@@ -43,11 +44,20 @@ class ControlSection(ConfigModel):
     development: bool = False
     #: Seconds between heartbeats on an idle watch stream.
     heartbeat_s: float = Field(default=5.0, gt=0)
+    #: The largest request body of any endpoint (413 past it; ``haltwire.limits`` says why).
+    max_body_bytes: int = Field(default=MAX_BODY_BYTES, ge=MIN_BODY_BYTES)
+    #: ... of recording an intent and committing one: a tool call's arguments, a tool's result.
+    max_intent_body_bytes: int = Field(default=MAX_INTENT_BODY_BYTES, ge=MIN_BODY_BYTES)
 
     @model_validator(mode="after")
-    def _two_listeners(self) -> ControlSection:
+    def _consistent(self) -> ControlSection:
         if self.port == self.admin_port != 0 and self.host == (self.admin_host or self.host):
             raise ValueError(f"admin_port: the admin listener needs a port of its own, not {self.port}")
+        if self.max_intent_body_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"max_intent_body_bytes: at least max_body_bytes ({self.max_body_bytes}), "
+                f"not {self.max_intent_body_bytes}"
+            )
         return self
 
     def admin_port_for(self, port: int) -> int:

@@ -3,18 +3,35 @@
 ``IntentClient`` is the runtime's ``ControlClient`` (runs, leases, the watch: the executor holds
 a lease of its own) plus claim, check, commit, fail and the restart's ``unknown``. Refusals
 raise ``ControlRefused``, anything else ``ControlUnreachable``, as for every control client.
+
+What it records must fit the control plane's limits (``haltwire.limits``), or the call, made,
+would stay unrecorded: an error message is cut to a reason's length, and a result past the
+body limit is recorded as its size and SHA-256.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 from urllib.parse import quote
 
-from haltwire.runtime.client import ControlClient
+from haltwire.limits import fitted
+from haltwire.runtime.client import ControlClient, ControlRefused
 
 
 def _path(intent_id: str, action: str) -> str:
     return f"/v1/intents/{quote(intent_id, safe='')}/{action}"
+
+
+def _not_kept(outcome: dict[str, Any]) -> dict[str, Any]:
+    """A tool result in place of one too large to record: its size and hash, as a tool result."""
+    data = json.dumps(outcome, separators=(",", ":")).encode()
+    said = (
+        f"The tool's result ({len(data)} bytes of JSON, sha256 {hashlib.sha256(data).hexdigest()}) "
+        "was larger than the control plane records; it is not kept."
+    )
+    return {"content": [{"type": "text", "text": said}], "isError": bool(outcome.get("isError"))}
 
 
 class IntentClient(ControlClient):
@@ -32,11 +49,18 @@ class IntentClient(ControlClient):
         return result
 
     async def commit(self, intent_id: str, outcome: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = await self._call("POST", _path(intent_id, "commit"), {"outcome": outcome})
+        try:
+            result: dict[str, Any] = await self._call(
+                "POST", _path(intent_id, "commit"), {"outcome": outcome}
+            )
+        except ControlRefused as exc:
+            if exc.code != "payload_too_large":
+                raise
+            result = await self._call("POST", _path(intent_id, "commit"), {"outcome": _not_kept(outcome)})
         return result
 
     async def fail(self, intent_id: str, error: str) -> dict[str, Any]:
-        result: dict[str, Any] = await self._call("POST", _path(intent_id, "fail"), {"error": error})
+        result: dict[str, Any] = await self._call("POST", _path(intent_id, "fail"), {"error": fitted(error)})
         return result
 
     async def mark_unknown(self) -> list[dict[str, Any]]:

@@ -119,6 +119,21 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
+def _counted(receive: Receive, limit: int) -> Receive:
+    """A ``receive`` that raises ``BodyTooLarge`` once the body is past ``limit`` bytes."""
+    size = 0
+
+    async def counted() -> Message:
+        nonlocal size
+        message = await receive()
+        size += len(message.get("body", b""))
+        if size > limit:
+            raise BodyTooLarge
+        return message
+
+    return counted
+
+
 def _jsonrpc(request_id: Any, result: dict[str, Any]) -> bytes:
     return json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}, separators=(",", ":")).encode()
 
@@ -250,7 +265,11 @@ class GatewayApp:
             if await self._tools_call(identity, body, scope, receive, send, credential):
                 return
             receive = _replay(body, receive)
-        await self._manager.handle_request(scope, receive, send)
+        try:
+            # The SDK reads the body before it answers; past the limit, its own 413 is plain text.
+            await self._manager.handle_request(scope, _counted(receive, self.max_body_bytes), send)
+        except BodyTooLarge:
+            await _respond_refusal(send, refusal.payload_too_large(self.max_body_bytes))
 
     async def _tools_call(
         self,

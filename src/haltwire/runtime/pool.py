@@ -20,13 +20,14 @@ import anyio
 import anyio.abc
 
 from haltwire.errors import unwrapped
+from haltwire.limits import MAX_ITEMS
 from haltwire.runtime.client import ControlClient, ControlUnreachable
 from haltwire.runtime.lease import Lease, StopNotice, follow_stops
 
 log = logging.getLogger("haltwire.runtime")
 
 #: The control plane's cap on runs per batched renewal.
-MAX_BATCH: Final = 1000
+MAX_BATCH: Final = MAX_ITEMS
 #: How often leases past their local deadline are ended (``require()`` is exact regardless).
 SWEEP_S: Final = 0.1
 

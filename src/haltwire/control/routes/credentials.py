@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from haltwire.control import credentials
 from haltwire.control.broker import Jwks
+from haltwire.control.routes.fields import Name
 from haltwire.control.routes.runs import RunId
 from haltwire.control.routes.views import Credential, CredentialList, credential_json
 from haltwire.control.routes.wire import (
@@ -26,7 +26,7 @@ from haltwire.credentials import JWKS_PATH
 
 
 class CredentialBody(Body):
-    audience: str = Field(min_length=1, max_length=256)
+    audience: Name
 
 
 async def issue_credential(request: Request, run_id: RunId) -> Response:

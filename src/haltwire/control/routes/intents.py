@@ -4,19 +4,20 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import Field, field_validator
+from pydantic import field_validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from haltwire.control import intents
 from haltwire.control.errors import invalid
-from haltwire.control.routes.runs import MAX_BATCH, RUN_ID
+from haltwire.control.routes.fields import Id, IdPath, Key, Name, Text
 from haltwire.control.routes.views import IntentList, intent_json, intents_json
 from haltwire.control.routes.wire import (
     ERRORS,
     Body,
+    BodyLimit,
     Errors,
     Route,
     body,
@@ -24,9 +25,11 @@ from haltwire.control.routes.wire import (
     limit_query,
     plane_of,
     query,
+    query_id,
     query_limit,
 )
 from haltwire.intents import STATES, Intent
+from haltwire.limits import ID_PATTERN, MAX_ITEMS
 
 
 def _strict_json(value: Any, what: str) -> Any:
@@ -39,13 +42,16 @@ def _strict_json(value: Any, what: str) -> Any:
 
 
 class IntentBody(Body):
-    run_id: str | None = Field(default=None, pattern=RUN_ID)
-    agent: str = Field(min_length=1, max_length=256)
-    tenant: str = Field(min_length=1, max_length=256)
-    version: str = Field(min_length=1, max_length=256)
-    tool: str = Field(min_length=1, max_length=256)
+    #: The arguments are a tool call's, as large as the gateway took them.
+    body_limit: ClassVar[BodyLimit] = "max_intent_body_bytes"
+
+    run_id: Id | None = None
+    agent: Name
+    tenant: Name
+    version: Name
+    tool: Name
     arguments: dict[str, Any]
-    idempotency_key: str = Field(min_length=1, max_length=256)
+    idempotency_key: Key
     needs_approval: bool = False
 
     @field_validator("arguments")
@@ -55,6 +61,9 @@ class IntentBody(Body):
 
 
 class CommitBody(Body):
+    #: The tool's result, which nothing before bounds.
+    body_limit: ClassVar[BodyLimit] = "max_intent_body_bytes"
+
     outcome: dict[str, Any]
 
     @field_validator("outcome")
@@ -64,11 +73,11 @@ class CommitBody(Body):
 
 
 class FailBody(Body):
-    error: str = Field(min_length=1)
+    error: Text
 
 
 class RejectBody(Body):
-    reason: str = Field(min_length=1, pattern=r"\S")
+    reason: Text
 
 
 async def create_intent(request: Request) -> Response:
@@ -79,7 +88,7 @@ async def create_intent(request: Request) -> Response:
     return JSONResponse(intent_json(intent), status_code=201 if created else 200)
 
 
-async def get_intent(request: Request, intent_id: str) -> Response:
+async def get_intent(request: Request, intent_id: IdPath) -> Response:
     """One intent"""
     who = await caller(request, "intent.read")
     return JSONResponse(intent_json(await intents.readable(plane_of(request), who, intent_id)))
@@ -89,14 +98,13 @@ async def list_intents(request: Request) -> Response:
     """Intents, oldest first, of one run and/or in some states"""
     await caller(request, "intents.list")
     query = request.query_params
-    limit = query_limit(request, most=MAX_BATCH)
+    limit = query_limit(request, most=MAX_ITEMS)
     # ?state=a&state=b or ?state=a,b: any of them.
     states = [s for given in query.getlist("state") for s in given.split(",") if s] or None
-    unknown = sorted(set(states or ()) - set(STATES))
-    if unknown:
-        raise invalid(f"not intent states: {', '.join(unknown)}")
+    if not set(states or ()) <= set(STATES):
+        raise invalid(f"state: one or more of {', '.join(STATES)}")
     found = await plane_of(request).open.intents.list(
-        run_id=query.get("run") or None, states=states, limit=limit
+        run_id=query_id(request, "run"), states=states, limit=limit
     )
     return JSONResponse(intents_json(found))
 
@@ -108,7 +116,7 @@ async def claim_intent(request: Request) -> Response:
     return Response(status_code=204) if intent is None else JSONResponse(intent_json(intent))
 
 
-async def commit_intent(request: Request, intent_id: str) -> Response:
+async def commit_intent(request: Request, intent_id: IdPath) -> Response:
     """Record a claimed intent's outcome"""
     who = await caller(request, "intent.commit", intent_id, write=True)
     asked = await body(request, who, CommitBody, "intent.commit", intent_id)
@@ -117,7 +125,7 @@ async def commit_intent(request: Request, intent_id: str) -> Response:
     )
 
 
-async def fail_intent(request: Request, intent_id: str) -> Response:
+async def fail_intent(request: Request, intent_id: IdPath) -> Response:
     """Record that a claimed intent's call failed"""
     who = await caller(request, "intent.fail", intent_id, write=True)
     asked = await body(request, who, FailBody, "intent.fail", intent_id)
@@ -126,13 +134,13 @@ async def fail_intent(request: Request, intent_id: str) -> Response:
     )
 
 
-async def approve_intent(request: Request, intent_id: str) -> Response:
+async def approve_intent(request: Request, intent_id: IdPath) -> Response:
     """Approve an intent awaiting approval"""
     who = await caller(request, "intent.approve", intent_id, write=True)
     return JSONResponse(intent_json(await intents.decide(plane_of(request), who, "approve", intent_id)))
 
 
-async def reject_intent(request: Request, intent_id: str) -> Response:
+async def reject_intent(request: Request, intent_id: IdPath) -> Response:
     """Reject an intent awaiting approval"""
     who = await caller(request, "intent.reject", intent_id, write=True)
     asked = await body(request, who, RejectBody, "intent.reject", intent_id)
@@ -147,7 +155,7 @@ async def mark_unknown(request: Request) -> Response:
     return JSONResponse(intents_json(await intents.mark_unknown(plane_of(request), who)))
 
 
-async def check_intent(request: Request, intent_id: str) -> Response:
+async def check_intent(request: Request, intent_id: IdPath) -> Response:
     """The executor's final registry check before it performs a claimed intent's call"""
     who = await caller(request, "intent.check", intent_id, write=True)
     return JSONResponse(intent_json(await intents.check(plane_of(request), who, intent_id)))
@@ -193,15 +201,18 @@ routes = [
         list_intents,
         "intents.list",
         (200, IntentList, "the intents, oldest first"),
-        ((422, f"invalid_request: limit is not a number from 1 to {MAX_BATCH}, or a state unknown"), 503),
+        (
+            (422, f"invalid_request: limit not a number from 1 to {MAX_ITEMS}, an unknown state, a bad run"),
+            503,
+        ),
         query=[
-            query("run", {"type": "string"}, "only this run's intents"),
+            query("run", {"type": "string", "pattern": ID_PATTERN}, "only this run's intents"),
             query(
                 "state",
                 {"enum": list(STATES)},
                 "only intents in this state (repeat it, or separate states by commas, for several)",
             ),
-            limit_query(MAX_BATCH, "intents"),
+            limit_query(MAX_ITEMS, "intents"),
         ],
     ),
     Route(

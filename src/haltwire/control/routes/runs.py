@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from typing import Annotated, Any, Final
+from typing import Any, Final
 
-from fastapi import Path
 from pydantic import Field, field_validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from haltwire.control import runs
-from haltwire.control.errors import Refused
+from haltwire.control.routes.fields import Id, IdPath, Name
 from haltwire.control.routes.views import Registration, Renewals, RunList, checkpoint_json, run_json
 from haltwire.control.routes.wire import (
     FORBIDDEN_RUN,
@@ -27,29 +26,27 @@ from haltwire.control.routes.wire import (
     plane_of,
     query_limit,
 )
+from haltwire.limits import MAX_ITEMS
 from haltwire.store.runs import Checkpoint, RunRecord
 from haltwire.tokens import Grant
 
-RUN_ID: Final = r"^[A-Za-z0-9_.:-]{1,128}$"
-#: A run id in a path: documented with the pattern ids have; any other is simply unknown (404).
-RunId = Annotated[str, Path(json_schema_extra={"pattern": RUN_ID})]
-MAX_BATCH: Final = 1000
-#: A checkpoint is a run's resumable state, not its transcript: bounded, so one run cannot fill the store.
-MAX_CHECKPOINT_BYTES: Final = 1 << 20
+#: A run id in a path.
+RunId = IdPath
 
 
 class RegisterBody(Body):
-    run_id: str | None = Field(default=None, pattern=RUN_ID)
-    tools: list[str] = Field(default_factory=list, max_length=MAX_BATCH)
-    agent_class: str = "default"
-    resume_from: str | None = None
+    run_id: Id | None = None
+    tools: list[Name] = Field(default_factory=list, max_length=MAX_ITEMS)
+    agent_class: Name = "default"
+    resume_from: Id | None = None
 
 
 class RenewBody(Body):
-    runs: list[str] = Field(min_length=1, max_length=MAX_BATCH)
+    runs: list[Id] = Field(min_length=1, max_length=MAX_ITEMS)
 
 
 class CheckpointBody(Body):
+    #: A run's resumable state, not its transcript: bounded by the body's limit.
     data: dict[str, Any]
 
     @field_validator("data")
@@ -104,9 +101,6 @@ async def save_checkpoint(request: Request, run_id: RunId) -> Response:
     """Save a run's next checkpoint"""
     plane = plane_of(request)
     who = await caller(request, "checkpoint.save", run_id, write=True)
-    if len(await request.body()) > MAX_CHECKPOINT_BYTES:
-        too_large = Refused(413, "payload_too_large", f"a checkpoint is at most {MAX_CHECKPOINT_BYTES} bytes")
-        raise await plane.refuse(who, "checkpoint.save", run_id, too_large)
     asked = await body(request, who, CheckpointBody, "checkpoint.save", run_id)
     return JSONResponse(asdict(await runs.save_checkpoint(plane, who, run_id, asked.data)))
 
@@ -127,7 +121,7 @@ async def get_run(request: Request, run_id: RunId) -> Response:
 async def list_runs(request: Request) -> Response:
     """The most recently registered runs, newest first"""
     await caller(request, "runs.list")
-    limit = query_limit(request, most=MAX_BATCH)
+    limit = query_limit(request, most=MAX_ITEMS)
     return JSONResponse({"runs": [run_json(r) for r in await plane_of(request).open.runs.list(limit)]})
 
 
@@ -175,8 +169,8 @@ routes = [
         list_runs,
         "runs.list",
         (200, RunList, "the runs"),
-        ((422, f"invalid_request: limit is not a number from 1 to {MAX_BATCH}"), 503),
-        query=[limit_query(MAX_BATCH, "runs")],
+        ((422, f"invalid_request: limit is not a number from 1 to {MAX_ITEMS}"), 503),
+        query=[limit_query(MAX_ITEMS, "runs")],
     ),
     Route(
         "GET",
@@ -217,7 +211,6 @@ routes = [
         (
             FORBIDDEN_RUN,
             UNKNOWN_RUN,
-            (413, f"payload_too_large: the body is over {MAX_CHECKPOINT_BYTES} bytes"),
             422,
             503,
         ),

@@ -25,8 +25,11 @@ from starlette.responses import JSONResponse, Response
 
 from haltwire.control import audit, stops
 from haltwire.control.errors import Refused, invalid
+from haltwire.control.plane import MAX_AUDIT_TEXT
+from haltwire.control.routes.fields import IdPath, Text
 from haltwire.control.routes.views import AuditHead, AuditList, Health, StopList, change_json, stop_json
 from haltwire.control.routes.wire import JSON, REF, Body, Route, body, caller, plane_of, query
+from haltwire.limits import MAX_SCOPE_CHARS, PRINTABLE_PATTERN, has_control_characters
 from haltwire.scope import KINDS
 from haltwire.sse import CAUGHT_UP
 from haltwire.stops import Change, ChangeKind, StopRecord
@@ -44,14 +47,15 @@ SCOPE_PATTERN: Final = (
 class IssueBody(Body):
     scope: str = Field(
         description="run:ID, tenant:ID, tool:NAME, agent:ID, version:AGENT@VERSION or global",
+        max_length=MAX_SCOPE_CHARS,
         json_schema_extra={"pattern": SCOPE_PATTERN},
     )
-    reason: str = Field(min_length=1)
+    reason: Text
     expires_at: float | None = Field(default=None, allow_inf_nan=False)  # inf made every stops list a 500
 
 
 class ClearBody(Body):
-    reason: str = Field(min_length=1)
+    reason: Text
 
 
 #: The longest ``Idempotency-Key`` (as Stripe's): a UUID is 36 characters.
@@ -81,7 +85,7 @@ async def issue_stop(request: Request) -> Response:
     return _written(await stops.issue(plane, who, asked.scope, asked.reason, asked.expires_at, key), 201)
 
 
-async def clear_stop(request: Request, stop_id: str) -> Response:
+async def clear_stop(request: Request, stop_id: IdPath) -> Response:
     """Clear a stop"""
     plane = plane_of(request)
     who = await caller(request, "stop.clear", stop_id, write=True)
@@ -99,7 +103,11 @@ async def list_stops(request: Request) -> Response:
 async def list_audit(request: Request) -> Response:
     """The audit log, oldest first"""
     await caller(request, "audit.read")
-    records = await plane_of(request).open.audit.records(target=request.query_params.get("target"))
+    target = request.query_params.get("target")
+    # What a record's target can be: the log keeps at most MAX_AUDIT_TEXT characters of one.
+    if target is not None and (len(target) > MAX_AUDIT_TEXT or has_control_characters(target)):
+        raise invalid(f"target: at most {MAX_AUDIT_TEXT} characters, no control characters")
+    records = await plane_of(request).open.audit.records(target=target)
     return JSONResponse({"records": [asdict(r) for r in records]})
 
 
@@ -122,15 +130,11 @@ async def audit_head(request: Request) -> Response:
 
 
 def _revision(text: str | None, name: str) -> int:
-    try:
-        value = int(text or "0")
-    except ValueError:
-        raise invalid(f"{name} must be a revision number, not {text!r}") from None
-    if value < 0:
-        raise invalid(f"{name} must not be negative")
-    if value >= 2**63:  # past any store's revision column (64-bit): it made SQLite raise, a 500
-        raise invalid(f"{name} must be below 2**63")
-    return value
+    text = text or "0"
+    # Below 2**63: past any store's revision column (64-bit), it made SQLite raise, a 500.
+    if not (text.isascii() and text.isdigit() and len(text) <= 19 and int(text) < 2**63):
+        raise invalid(f"{name}: a revision number, from 0 to 2**63 - 1")
+    return int(text)
 
 
 async def watch(request: Request) -> Response:
@@ -281,8 +285,14 @@ routes = [
         list_audit,
         "audit.read",
         (200, AuditList, "the records"),
-        (503,),
-        query=[query("target", {"type": "string"}, "only records about this target (a stop id, a scope)")],
+        (422, 503),
+        query=[
+            query(
+                "target",
+                {"type": "string", "maxLength": MAX_AUDIT_TEXT, "pattern": PRINTABLE_PATTERN},
+                "only records about this target (a stop id, a scope)",
+            )
+        ],
     ),
     Route(
         "GET",

@@ -2,10 +2,18 @@
 bodies, error answers.
 
 A route (``Route``: a FastAPI route and its operation in the OpenAPI document) authenticates
-and authorizes its caller (``caller``), parses its body (``parse_body``: a pydantic model that
-forbids unknown keys; a bad one is 422 ``invalid_request`` naming each problem), calls one rule
-and writes its answer. Every refusal a rule raises is ``Refused``, answered as
-``{"error": {"code", "message", "retryable", ...}}`` (``answer``).
+and authorizes its caller (``caller``: the path's ids checked too), parses its body
+(``parse_body``: a pydantic model that forbids unknown keys; a bad one is 422
+``invalid_request`` naming each problem), calls one rule and writes its answer. Every refusal a
+rule raises is ``Refused``, answered as ``{"error": {"code", "message", "retryable", ...}}``
+(``answer``).
+
+Limits (``haltwire.limits``): a body past ``[control] max_body_bytes`` (or, for a body model
+that says so, ``max_intent_body_bytes``) is 413 ``payload_too_large``, known from its
+Content-Length before it is read or counted as it streams in; a route without a body refuses
+a Content-Length past ``max_body_bytes`` before anything else. Fields are bounded by the
+types of ``fields`` (``Id``, ``Name``, ``Key``, ``Text``), and no refusal quotes more of a value than
+``limits.shown`` does.
 
 FastAPI validates nothing here. It would decode a body before the caller is known and answer
 its own 422, unaudited: a body model is in the document only, and the handler parses it after
@@ -17,7 +25,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, Final, TypeVar, get_args
+from typing import Any, ClassVar, Final, Literal, TypeVar, get_args
 
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -29,7 +37,9 @@ from haltwire.control.access import ROLES, authenticate, authorize
 from haltwire.control.config import Caller, Role
 from haltwire.control.errors import Refused, invalid
 from haltwire.control.plane import Plane
+from haltwire.control.routes.fields import ID_RULE, is_id
 from haltwire.control.routes.views import Error
+from haltwire.limits import MAX_BODY_BYTES, MAX_INTENT_BODY_BYTES, shown
 
 JSON: Final = "application/json"
 REF: Final = "#/components/schemas/{model}"
@@ -54,10 +64,21 @@ Errors = Sequence[int | tuple[int, str]]
 Answer = tuple[int, Any, str]
 
 
+#: Which ``[control]`` key bounds a body.
+BodyLimit = Literal["max_body_bytes", "max_intent_body_bytes"]
+_DEFAULTS: Final[dict[str, int]] = {
+    "max_body_bytes": MAX_BODY_BYTES,
+    "max_intent_body_bytes": MAX_INTENT_BODY_BYTES,
+}
+#: The most problems one refusal lists (a body can have thousands).
+_PROBLEMS: Final = 5
+
+
 class Body(BaseModel):
-    """A request body: unknown keys are an error, not ignored."""
+    """A request body: unknown keys are an error, not ignored; at most ``body_limit`` bytes."""
 
     model_config = ConfigDict(extra="forbid")
+    body_limit: ClassVar[BodyLimit] = "max_body_bytes"
 
 
 BodyT = TypeVar("BodyT", bound=Body)
@@ -91,8 +112,17 @@ class Route(APIRoute):
         self.models: list[tuple[type, JsonSchemaMode]] = [(r, "serialization") for r in refers]
         if body is not None:
             self.models.append((body, "validation"))
+        self.action = action
+        #: None: no body is read, and one declared past ``max_body_bytes`` is refused at once.
+        self.body_limit: BodyLimit | None = None if body is None else body.body_limit
         status, model, said = answer
         meanings = dict(c if isinstance(c, tuple) else (c, ERRORS[c]) for c in errors)
+        limit = self.body_limit or "max_body_bytes"
+        meanings.setdefault(
+            413, f"payload_too_large: the body is over [control] {limit} ({_DEFAULTS[limit]} by default)"
+        )
+        if "{" in path:
+            meanings.setdefault(422, f"invalid_request: {ID_RULE} in the path")
         extra: dict[str, Any] = {}
         if action is None:
             extra["security"] = []
@@ -137,11 +167,25 @@ class Route(APIRoute):
         if list(inspect.signature(endpoint).parameters) != ["request", *self.param_convertors]:
             raise TypeError(f"{endpoint.__name__} must take the request, then its path's parameters")
 
-        async def handler(request: Request) -> Response:
+        if self.body_limit is not None:
+
+            async def handler(request: Request) -> Response:
+                response: Response = await endpoint(request, **request.path_params)
+                return response
+
+            return handler
+
+        async def bodiless(request: Request) -> Response:
+            # Nothing will read this body: refuse it before anything else, as an oversized one.
+            declared = request.headers.get("content-length")
+            if declared is not None and declared != "0":
+                most = plane_of(request).config.control.max_body_bytes
+                if _over(declared, most):
+                    raise too_large(most)
             response: Response = await endpoint(request, **request.path_params)
             return response
 
-        return handler
+        return bodiless
 
 
 def query(name: str, schema: dict[str, Any], description: str, where: str = "query") -> dict[str, Any]:
@@ -155,9 +199,16 @@ def plane_of(request: Request) -> Plane:
 
 
 async def caller(request: Request, action: str, target: str = "", write: bool = False) -> Caller:
-    """The request's caller, if its role may take ``action`` (a refused write is audited)."""
+    """The request's caller, if its role may take ``action`` and the path's ids are ids (a
+    refused write is audited)."""
     plane = plane_of(request)
     who = authenticate(plane, request.headers.get("authorization"))
+    for name, value in request.path_params.items():
+        if not is_id(value):
+            problem = invalid(f"{name}: {ID_RULE}")
+            if write:  # before authorize, which would audit the value as its target
+                raise await plane.refuse(who, action, shown(value), problem)
+            raise problem
     await authorize(plane, who, action, target, write)
     return who
 
@@ -172,26 +223,62 @@ async def body(request: Request, who: Caller, model: type[BodyT], action: str, t
 
 
 async def parse_body(request: Request, model: type[BodyT]) -> BodyT:
-    """The request's JSON body as ``model``, or ``Refused`` 422 naming every problem."""
+    """The request's JSON body as ``model``: ``Refused`` 413 past its limit, 422 naming the
+    first problems (the fields, and the limits they break; never the values)."""
+    raw = await read_body(request, getattr(plane_of(request).config.control, model.body_limit))
     try:
-        return model.model_validate_json(await request.body())
+        return model.model_validate_json(raw)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()
-        )
-        raise invalid(problems) from None
+        errors = exc.errors(include_url=False, include_input=False)
+        problems = [
+            f"{'.'.join(shown(str(p)) for p in e['loc']) or 'body'}: {shown(e['msg'], 200)}"
+            for e in errors[:_PROBLEMS]
+        ]
+        if len(errors) > _PROBLEMS:
+            problems.append(f"and {len(errors) - _PROBLEMS} more")
+        raise invalid("; ".join(problems)) from None
+
+
+async def read_body(request: Request, most: int) -> bytes:
+    """The body, or ``Refused`` 413 as soon as it is known to be over ``most`` bytes: from its
+    Content-Length before any of it is read, else by counting what has arrived (chunked)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and _over(declared, most):
+        raise too_large(most)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > most:
+            raise too_large(most)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _over(declared: str, most: int) -> bool:
+    # The server has checked that it is digits; int() of thousands of them would raise.
+    return len(declared) > len(str(most)) or int(declared) > most
+
+
+def too_large(most: int) -> Refused:
+    return Refused(
+        413, "payload_too_large", f"the request body is over the {most} bytes this endpoint accepts"
+    )
 
 
 def query_limit(request: Request, default: int = 100, most: int = 1000) -> int:
     """The ``?limit=`` of a list request, from 1 to ``most``; ``Refused`` 422 otherwise."""
     text = request.query_params.get("limit", str(default))
-    try:
-        limit = int(text)
-    except ValueError:
-        raise invalid(f"limit must be a number, not {text!r}") from None
-    if not 1 <= limit <= most:
-        raise invalid(f"limit must be from 1 to {most}")
-    return limit
+    if not (text.isascii() and text.isdigit() and len(text) <= len(str(most)) and 1 <= int(text) <= most):
+        raise invalid(f"limit: a number from 1 to {most}")
+    return int(text)
+
+
+def query_id(request: Request, name: str) -> str | None:
+    """An id in the query (``?run=``), or None when it is not there; ``Refused`` 422 if not an id."""
+    value = request.query_params.get(name) or None
+    if value is not None and not is_id(value):
+        raise invalid(f"{name}: {ID_RULE}")
+    return value
 
 
 def limit_query(most: int, what: str) -> dict[str, Any]:
