@@ -11,6 +11,8 @@ import json
 import os
 import sqlite3
 import stat
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -265,3 +267,18 @@ def test_the_key_is_kept_out_of_the_database(tmp_path: Path, monkeypatch: pytest
         audit_key(from_env)
     monkeypatch.setenv("HW_AUDIT_KEY", "s" * 32)
     assert audit_key(from_env) == b"s" * 32
+
+
+def test_the_control_plane_will_not_start_without_its_audit_key(tmp_path: Path) -> None:
+    config = tmp_path / "control.toml"
+    config.write_text('[control]\nport = 0\n\n[audit]\nkey_env = "HW_UNSET_AUDIT_KEY"\n')
+    env = {k: v for k, v in os.environ.items() if k != "HW_UNSET_AUDIT_KEY"}
+    done = subprocess.run(
+        [sys.executable, "-m", "haltwire", "control", "--config", str(config)],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        "haltwire control: audit.key_env: the environment variable HW_UNSET_AUDIT_KEY is not set"
+    )
+    assert not (tmp_path / "haltwire.db").exists()  # refused before anything was opened

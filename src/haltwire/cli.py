@@ -110,7 +110,7 @@ def _executor(args: argparse.Namespace) -> int:
 
 def _control(args: argparse.Namespace) -> int:
     from haltwire.control import AdminOnly, create_app, load_control_config
-    from haltwire.control.stores import open_stores
+    from haltwire.control.stores import audit_key, open_stores
     from haltwire.listener import InFlightCap, check_descriptors
     from haltwire.serve import CannotListen, listen, serve_listeners
     from haltwire.store.registry import RegistryUnavailable
@@ -123,6 +123,7 @@ def _control(args: argparse.Namespace) -> int:
             from haltwire.control.broker import BrokerKeys
 
             BrokerKeys.from_config(config.broker)  # so is a broker key that cannot be loaded
+        audit_key(config)  # and an audit key that is missing or short (made here when it may be)
     except ConfigError as exc:
         print(f"haltwire control: {exc}", file=sys.stderr)
         return EXIT_USAGE
