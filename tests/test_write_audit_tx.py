@@ -236,3 +236,30 @@ async def test_the_cli_retries_a_stop_whose_answer_was_lost_and_issues_it_once(
         assert "retrying in 0.5 s with the same request key" in err
         stops = await active(client)
         assert [s["stop_id"] for s in stops] == [out.strip()]
+
+
+async def test_a_commit_whose_answer_is_lost_says_unknown_and_the_key_tells(tmp_path: Path) -> None:
+    """PostgreSQL: the COMMIT itself fails (a deferred constraint, checked only then), so the
+    control plane cannot know from its side whether the write took: it says "unknown", and a
+    repeat with the same key answers from the registry, never writing twice."""
+    from harness import postgres_section
+
+    with postgres_section() as section:
+        raw = raw_sql(section)
+        async with control(tmp_path, registry=section) as (client, _):
+            raw(
+                "CREATE FUNCTION fail_at_commit() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN RAISE EXCEPTION 'the commit failed'; END $$",
+                "CREATE CONSTRAINT TRIGGER fail_at_commit AFTER INSERT ON audit "
+                "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION fail_at_commit()",
+            )
+            r = await client.post("/v1/stops", json=stop_body("tool:refund"), headers=keyed("operator", "u-1"))
+            assert r.status_code == 503, r.text
+            error = r.json()["error"]
+            assert error["written"] == "unknown" and "same Idempotency-Key" in error["message"], error
+            raw("DROP TRIGGER fail_at_commit ON audit", "DROP FUNCTION fail_at_commit()")
+            first = await client.post("/v1/stops", json=stop_body("tool:refund"), headers=keyed("operator", "u-1"))
+            again = await client.post("/v1/stops", json=stop_body("tool:refund"), headers=keyed("operator", "u-1"))
+            assert first.status_code == again.status_code == 201
+            assert again.headers["idempotent-replayed"] == "true" and again.json() == first.json()
+            assert [s["stop_id"] for s in await active(client)] == [first.json()["stop_id"]]
