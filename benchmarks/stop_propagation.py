@@ -267,8 +267,9 @@ async def one_stop(http: httpx2.AsyncClient, seen: Observed, n: int) -> Sample:
     return sample
 
 
-#: A load on the control plane's agents' listener while the stops are measured (``siege.py``).
-Load = Callable[[str], Coroutine[Any, Any, None]]
+#: A load on the control plane's agents' listener while the stops are measured (``siege.py``):
+#: called as ``load(control, task_status=...)``; the stops start once it reports itself started.
+Load = Callable[..., Coroutine[Any, Any, None]]
 
 
 async def bench(
@@ -314,7 +315,7 @@ async def bench(
                 for client in clients:
                     tg.start_soon(agent_loop, client, seen)
                 if load is not None:
-                    tg.start_soon(load, control)
+                    await tg.start(load, control)
                 for i in range(opts.warmup):  # imports, connections, caches: not counted
                     await one_stop(http, seen, -i)
                 t_start, calls0 = time.monotonic(), seen.calls
