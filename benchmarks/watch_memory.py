@@ -40,6 +40,7 @@ def control_toml(db: Path, port: int) -> str:
             "development = true",
             f"port = {port}",
             "admin_port = 0",
+            "enforcement_port = 0",
             "heartbeat_s = 5",
             "",
             "[registry]",

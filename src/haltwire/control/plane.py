@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from typing import Any, Final
 
 import anyio
@@ -47,6 +48,9 @@ class Plane:
         self.heartbeat_s = config.control.heartbeat_s
         self.stores: Stores | None = None
         self._changed = anyio.Event()
+        #: Called after each change this process writes: wake-ups for the control plane's other
+        #: processes where the store cannot send them (``haltwire.control_processes``).
+        self.peers: list[Callable[[], None]] = []
         self._run_agents: dict[str, str] = {}
         #: Grants leases to runs; None without [leases] (the run endpoints answer 501).
         self.leases = LeaseDesk.from_config(config)
@@ -67,7 +71,14 @@ class Plane:
         return self.stores
 
     def notify(self) -> None:
-        """Wake every watcher: the registry has a new change."""
+        """Wake every watcher: this process wrote a registry change. The control plane's other
+        processes on the same SQLite file are told too (``peers``)."""
+        self.wake()
+        for tell in self.peers:
+            tell()
+
+    def wake(self) -> None:
+        """Wake this process's watchers: the registry has a new change."""
         changed, self._changed = self._changed, anyio.Event()
         changed.set()
 

@@ -84,7 +84,7 @@ def create_app(config: ControlConfig, stores: Stores | None = None) -> ControlAp
         # The app owns this task: writes by other replicas wake our watchers until shutdown.
         plane.stores = opened
         async with anyio.create_task_group() as tg:
-            tg.start_soon(opened.registry.follow_writes, plane.notify)
+            tg.start_soon(opened.registry.follow_writes, plane.wake)
             try:
                 yield
             finally:
