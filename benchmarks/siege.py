@@ -44,7 +44,7 @@ import anyio.abc
 import httpx2
 
 from procs import load_average, pct, run_benchmark, spawn
-from stop_propagation import Load, Sample, bench, line
+from stop_propagation import Load, Sample, add_gateway_listener, bench, line
 
 TARGET_P99_MS: Final = 100.0
 AGENT_TOKEN: Final = "tok-siege-agent"
@@ -313,6 +313,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--stops", type=int, default=None)
     parser.add_argument("--half-open", type=int, default=2000)
+    add_gateway_listener(parser)
     opts = parser.parse_args()
     opts.stops = opts.stops or (20 if opts.quick else 100)
     opts.warmup = 3
