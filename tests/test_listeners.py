@@ -121,7 +121,7 @@ async def test_past_the_in_flight_cap_a_request_is_answered_503_at_once_and_stre
 
 @asynccontextmanager
 async def control_with_admin(tmp_path: Path, agents: ListenerLimits) -> AsyncIterator[tuple[str, str]]:
-    """The control plane's app on two listeners, as ``haltwire control`` serves it: (agents, admin)."""
+    """The control plane's app on the agents' and the admin listener, in one process: (agents, admin)."""
     config = parse_control_config(config_dict({"backend": "sqlite", "path": str(tmp_path / "c.db")}, 0.2))
     app = create_app(config)
     async with serving(app, limits=agents) as agent_url:
