@@ -69,7 +69,7 @@ SETTLE_S: Final = 60.0
 
 def control_config(db: Path) -> dict[str, Any]:
     return {
-        "control": {"development": True, "admin_port": 0, "heartbeat_s": 1.0},
+        "control": {"development": True, "admin_port": 0, "enforcement_port": 0, "heartbeat_s": 1.0},
         "registry": {"backend": "sqlite", "path": str(db)},
         "leases": {"signing_key": "k1", "keys": [{"kid": "k1", "secret": LEASE_SECRET}]},
         "agent_classes": {"default": {"ttl_s": 15.0, "renew_every_s": 5.0, "renew_timeout_s": 10.0}},

@@ -50,7 +50,7 @@ POSTGRES_URL: Final = os.environ.get("HALTWIRE_POSTGRES_URL", "postgresql://post
 
 
 def control_toml(registry: dict[str, str]) -> str:
-    lines = ["[control]", "development = true", "admin_port = 0", "", "[registry]"]
+    lines = ["[control]", "development = true", "admin_port = 0", "enforcement_port = 0", "", "[registry]"]
     lines += [f'{k} = "{v}"' for k, v in registry.items()]
     lines += [
         "",

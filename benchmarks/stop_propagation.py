@@ -81,8 +81,12 @@ def _s(value: str) -> str:
     return json.dumps(value)
 
 
-def control_toml(registry: dict[str, str], admin_port: int, extra: str = "") -> str:
+def control_toml(
+    registry: dict[str, str], admin_port: int, extra: str = "", enforcement_port: int | None = None
+) -> str:
     lines = ["[control]", "development = true", f"admin_port = {admin_port}", f"heartbeat_s = {HEARTBEAT_S}"]
+    if enforcement_port is not None:
+        lines.append(f"enforcement_port = {enforcement_port}")
     lines += ["", "[registry]", *(f"{k} = {_s(v)}" for k, v in registry.items())]
     for name, role, token in (("operator-1", "operator", OPERATOR_TOKEN), ("gw-1", "gateway", GATEWAY_TOKEN)):
         lines += ["", "[[identities]]", f"name = {_s(name)}", f"role = {_s(role)}", f"token = {_s(token)}"]
@@ -267,8 +271,18 @@ async def one_stop(http: httpx2.AsyncClient, seen: Observed, n: int) -> Sample:
     return sample
 
 
-#: A load on the control plane's agents' listener while the stops are measured (``siege.py``).
-Load = Callable[[str], Coroutine[Any, Any, None]]
+def add_gateway_listener(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--gateway-listener",
+        choices=["enforcement", "agents"],
+        default="enforcement",
+        help="the control plane's listener the gateway follows (agents: as before the enforcement listener)",
+    )
+
+
+#: A load on the control plane's agents' listener while the stops are measured (``siege.py``):
+#: called as ``load(control, task_status=...)``; the stops start once it reports itself started.
+Load = Callable[..., Coroutine[Any, Any, None]]
 
 
 async def bench(
@@ -287,11 +301,17 @@ async def bench(
         admin = f"http://{HOST}:{admin_port}"
         upstream = f"http://{HOST}:{up_port}"
         gateway = f"http://{HOST}:{gw_port}/mcp"
-        (workdir / "control.toml").write_text(control_toml(registry, admin_port, control_extra))
-        (workdir / "gateway.toml").write_text(gateway_toml(upstream, control))
+        # The gateway (and the watch timed beside it) follows the enforcement listener, as the
+        # docs say; "agents" puts it on the agents' listener (and runs on a control plane without one).
+        enforcement_port = free_port() if opts.gateway_listener == "enforcement" else None
+        followed = f"http://{HOST}:{enforcement_port}" if enforcement_port else control
+        (workdir / "control.toml").write_text(
+            control_toml(registry, admin_port, control_extra, enforcement_port)
+        )
+        (workdir / "gateway.toml").write_text(gateway_toml(upstream, followed))
         starts = [
             ("control", [py, "-m", "haltwire", "control", "--config", str(workdir / "control.toml")], cp_port,
-             f"{control}/healthz"),
+             f"{followed}/healthz"),
             ("upstream", [py, "-m", "haltwire", "demo", "upstream"], up_port, f"{upstream}/mcp"),
             ("gateway", [py, "-m", "haltwire", "gateway", "--config", str(workdir / "gateway.toml")], gw_port,
              gateway),
@@ -310,11 +330,11 @@ async def bench(
             # The sessions are opened before, and closed after, the task group that uses them.
             clients = [await stack.enter_async_context(mcp_client(gateway)) for _ in range(opts.agents)]
             async with anyio.create_task_group() as tg:
-                await tg.start(watch_loop, control, seen)
+                await tg.start(watch_loop, followed, seen)
                 for client in clients:
                     tg.start_soon(agent_loop, client, seen)
                 if load is not None:
-                    tg.start_soon(load, control)
+                    await tg.start(load, control)
                 for i in range(opts.warmup):  # imports, connections, caches: not counted
                     await one_stop(http, seen, -i)
                 t_start, calls0 = time.monotonic(), seen.calls
@@ -422,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stops", type=int, default=None, help="stops to measure (default 200)")
     parser.add_argument("--agents", type=int, default=4, help="concurrent agent sessions")
     parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
+    add_gateway_listener(parser)
     parser.add_argument(
         "--postgres",
         default=os.environ.get("HALTWIRE_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"),

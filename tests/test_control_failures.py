@@ -55,7 +55,7 @@ def _toml(value: Any) -> str:
 def write_config(path: Path, port: int, registry: dict[str, Any], heartbeat_s: float = 0.2) -> Path:
     """The test control plane's config (development tokens from test_control) as a TOML file."""
     data = control_config(registry, heartbeat_s)
-    lines = ["[control]", f"port = {port}", "admin_port = 0"]
+    lines = ["[control]", f"port = {port}", "admin_port = 0", "enforcement_port = 0"]
     lines += [f"{k} = {_toml(v)}" for k, v in data["control"].items()]
     lines += ["", "[registry]", *(f"{k} = {_toml(v)}" for k, v in registry.items())]
     for identity in data["identities"]:

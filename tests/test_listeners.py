@@ -1,8 +1,9 @@
-"""What one listening socket accepts (``haltwire.listener``) and the control plane's two listeners.
+"""What one listening socket accepts (``haltwire.listener``) and the control plane's listeners.
 
 Real sockets on loopback: half-open connections that never finish their request head (a
 slowloris), a connection cap, the in-flight cap, and the admin listener that only operators,
-tripwires and viewers may use, while the agents' listener is flooded.
+tripwires and viewers may use (and the enforcement listener, gateways and executors), while the
+agents' listener is flooded.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from control_harness import TOKEN, auth, config_dict
-from haltwire.control import AdminOnly, create_app, parse_control_config
+from haltwire.config import ConfigError
+from haltwire.control import AdminOnly, EnforcementOnly, create_app, parse_control_config
 from haltwire.listener import InFlightCap, ListenerLimits
 from haltwire.serve import serving
 
@@ -119,7 +121,7 @@ async def test_past_the_in_flight_cap_a_request_is_answered_503_at_once_and_stre
 
 @asynccontextmanager
 async def control_with_admin(tmp_path: Path, agents: ListenerLimits) -> AsyncIterator[tuple[str, str]]:
-    """The control plane's app on two listeners, as ``haltwire control`` serves it: (agents, admin)."""
+    """The control plane's app on the agents' and the admin listener, in one process: (agents, admin)."""
     config = parse_control_config(config_dict({"backend": "sqlite", "path": str(tmp_path / "c.db")}, 0.2))
     app = create_app(config)
     async with serving(app, limits=agents) as agent_url:
@@ -139,6 +141,31 @@ async def test_the_admin_listener_serves_operators_tripwires_and_viewers_only(tm
                 assert r.status_code == 403 and "admin listener" in r.json()["error"]["message"], role
             assert (await http.get("/v1/stops")).status_code == 401, "the routes' own 401"
             assert (await http.get("/healthz")).status_code == 200
+
+
+async def test_the_enforcement_listener_serves_gateways_and_executors_only(tmp_path: Path) -> None:
+    config = parse_control_config(config_dict({"backend": "sqlite", "path": str(tmp_path / "c.db")}, 0.2))
+    app = create_app(config)
+    async with serving(app) as _, serving(EnforcementOnly(app), lifespan="off") as enforcement:
+        async with httpx2.AsyncClient(base_url=enforcement, timeout=5) as http:
+            for role in ("gateway", "executor"):
+                async with http.stream("GET", "/v1/watch", headers=auth(role)) as r:
+                    assert r.status_code == 200, role
+            for role in ("agent", "operator", "tripwire", "viewer"):
+                r = await http.get("/v1/stops", headers=auth(role))
+                assert r.status_code == 403 and "enforcement listener" in r.json()["error"]["message"], role
+            assert (await http.get("/v1/stops")).status_code == 401, "the routes' own 401"
+            assert (await http.get("/healthz")).status_code == 200
+
+
+def test_the_enforcement_listener_has_a_port_of_its_own() -> None:
+    section = parse_control_config({}).control
+    assert (section.admin_port_for(8700), section.enforcement_port_for(8700)) == (8701, 8702)
+    assert section.enforcement_port_for(0) == 0
+    for clash in ({"port": 9000, "enforcement_port": 9000}, {"admin_port": 9001, "enforcement_port": 9001}):
+        with pytest.raises(ConfigError, match="enforcement listener needs a port of its own"):
+            parse_control_config({"control": clash})
+    assert parse_control_config({"control": {"enforcement_host": "10.0.0.1", "enforcement_port": 8700}})
 
 
 async def test_a_stop_through_the_admin_listener_is_answered_while_the_agents_listener_is_flooded(

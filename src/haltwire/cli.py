@@ -11,6 +11,7 @@ import argparse
 import logging
 import sys
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 import anyio
 
@@ -109,10 +110,11 @@ def _executor(args: argparse.Namespace) -> int:
 
 
 def _control(args: argparse.Namespace) -> int:
-    from haltwire.control import AdminOnly, create_app, load_control_config
-    from haltwire.control.stores import audit_key, open_stores
-    from haltwire.listener import InFlightCap, check_descriptors
-    from haltwire.serve import CannotListen, listen, serve_listeners
+    from haltwire.control import load_control_config
+    from haltwire.control.stores import audit_key
+    from haltwire.control_processes import serve_agents, serve_main
+    from haltwire.listener import check_descriptors
+    from haltwire.serve import CannotListen, listen
     from haltwire.store.registry import RegistryUnavailable
 
     try:
@@ -128,39 +130,46 @@ def _control(args: argparse.Namespace) -> int:
         print(f"haltwire control: {exc}", file=sys.stderr)
         return EXIT_USAGE
     section = config.control
+    if args.agents_process is not None:  # the child of the command below
+        try:
+            check_descriptors([section.agent_listener])
+            anyio.run(serve_agents, config, args.agents_process)
+        except KeyboardInterrupt:
+            return 0
+        except (ConfigError, RegistryUnavailable) as exc:
+            print(f"haltwire control (agents' listener): {exc}", file=sys.stderr)
+            return EXIT_RUNTIME
+        return 0
     host = args.host or section.host
     port = args.port if args.port is not None else section.port
     admin_host = args.host or section.admin_host or section.host
     admin_port = args.admin_port if args.admin_port is not None else section.admin_port_for(port)
-    limits = [section.agent_listener, section.admin_listener]
+    enforcement_host = args.host or section.enforcement_host or section.host
+    enforcement_port = (
+        args.enforcement_port if args.enforcement_port is not None else section.enforcement_port_for(port)
+    )
     try:
-        check_descriptors(limits)
-        sock, admin_sock = listen(host, port), listen(admin_host, admin_port)
+        # Two processes, each with its own open-file limit (the child inherits the raised one).
+        check_descriptors([section.agent_listener])
+        check_descriptors([section.admin_listener, section.enforcement_listener])
+        sock = listen(host, port)
+        admin_sock = listen(admin_host, admin_port)
+        enforcement_sock = listen(enforcement_host, enforcement_port)
     except (CannotListen, ConfigError) as exc:
         print(f"haltwire control: {exc}", file=sys.stderr)
         return EXIT_RUNTIME
     admin_port = admin_sock.getsockname()[1]
+    enforcement_port = enforcement_sock.getsockname()[1]
     print(
-        f"haltwire control {__version__} on http://{host}:{port} for agents, gateways and executors, "
-        f"http://{admin_host}:{admin_port} for operators (registry: {config.registry.backend})",
+        f"haltwire control {__version__} on http://{host}:{port} for agents, "
+        f"http://{admin_host}:{admin_port} for operators, "
+        f"http://{enforcement_host}:{enforcement_port} for gateways and executors "
+        f"(registry: {config.registry.backend})",
         file=sys.stderr,
         flush=True,
     )
-
-    async def run() -> None:
-        # Opened here, not in the app's lifespan, so an unreachable store is an exit code.
-        async with open_stores(config) as stores:
-            app = create_app(config, stores)
-            watch = frozenset({"/v1/watch"})
-            await serve_listeners(
-                [
-                    (InFlightCap(app, section.agent_listener.max_in_flight, watch), sock, limits[0]),
-                    (InFlightCap(AdminOnly(app), section.admin_listener.max_in_flight, watch), admin_sock, limits[1]),
-                ]
-            )
-
     try:
-        anyio.run(run)
+        anyio.run(serve_main, config, Path(args.config), sock, admin_sock, enforcement_sock, args.verbose)
     except KeyboardInterrupt:
         return 0
     except RegistryUnavailable as exc:
@@ -221,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--host", default=None, help="override control.host")
     ctl.add_argument("--port", type=int, default=None, help="override control.port")
     ctl.add_argument("--admin-port", type=int, default=None, help="override control.admin_port")
+    ctl.add_argument("--enforcement-port", type=int, default=None, help="override control.enforcement_port")
+    ctl.add_argument("--agents-process", default=None, help=argparse.SUPPRESS)
     ctl.set_defaults(func=_control)
 
     ex = sub.add_parser("executor", help="run the executor: it commits the intents of irreversible tools")

@@ -9,7 +9,7 @@ sockets, each with its own limits (``haltwire.listener``), stopped by SIGINT/SIG
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Literal
 
@@ -105,12 +105,33 @@ async def serve_forever(app: Any, sock: socket.socket, limits: ListenerLimits | 
     await uvicorn.Server(_config(app, limits, "on")).serve([sock])
 
 
-async def serve_listeners(listeners: list[tuple[Any, socket.socket, ListenerLimits]]) -> None:
+class _Owner(uvicorn.Server):
+    """The first of ``serve_listeners``' servers: it takes the process's signals, and runs
+    ``stopping`` beside its own graceful shutdown, which then ends only once both have."""
+
+    def __init__(
+        self, config: uvicorn.Config, stopping: Callable[[], Coroutine[Any, Any, None]] | None
+    ) -> None:
+        super().__init__(config)
+        self._stopping = stopping
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        async with anyio.create_task_group() as tg:
+            if self._stopping is not None:
+                tg.start_soon(self._stopping)
+            await super().shutdown(sockets)
+
+
+async def serve_listeners(
+    listeners: list[tuple[Any, socket.socket, ListenerLimits]],
+    stopping: Callable[[], Coroutine[Any, Any, None]] | None = None,
+) -> None:
     """Serve one app on several sockets (``(app, socket, limits)``: the app may be wrapped per
-    socket), until cancelled. The first runs the app's lifespan, and the others start once it
-    has: none of them answers before the app is ready."""
+    socket), until cancelled or SIGINT/SIGTERM; ``stopping`` runs as they shut down. The first
+    runs the app's lifespan, and the others start once it has: none of them answers before the
+    app is ready."""
     first, *others = listeners
-    servers = [uvicorn.Server(_config(first[0], first[2], "on"))]
+    servers: list[uvicorn.Server] = [_Owner(_config(first[0], first[2], "on"), stopping)]
     servers += [InProcessServer(_config(app, limits, "off")) for app, _, limits in others]
 
     ended = anyio.Event()

@@ -11,14 +11,16 @@ from haltwire.control.config import Caller, ControlConfig, load_control_config, 
 from haltwire.control.errors import Refused
 from haltwire.control.leases import LeaseDesk
 from haltwire.control.routes import create_app
-from haltwire.control.routes.admin import AdminOnly
+from haltwire.control.routes.admin import AdminOnly, AgentsListener, EnforcementOnly
 from haltwire.tokens import Grant
 
 __all__ = [
     "ROLES",
     "AdminOnly",
+    "AgentsListener",
     "Caller",
     "ControlConfig",
+    "EnforcementOnly",
     "Grant",
     "LeaseDesk",
     "Refused",

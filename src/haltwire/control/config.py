@@ -23,11 +23,13 @@ Role = Literal["operator", "tripwire", "gateway", "executor", "agent", "viewer"]
 
 
 class ControlSection(ConfigModel):
-    """``[control]``: two listeners, so that nothing an agent fleet does to one delays a stop.
+    """``[control]``: three listeners, so that nothing an agent fleet does to one delays a stop.
 
-    ``host``/``port`` is for agents, gateways and executors (runs, leases, the watch, intents);
-    ``admin_host``/``admin_port`` is for operators, tripwires and viewers, and refuses every
-    other role. Each has its own limits (``haltwire.listener``).
+    ``host``/``port`` is for agents (runs, leases, their watch; gateways and executors are
+    served there too); ``admin_host``/``admin_port`` is for operators, tripwires and viewers, and
+    ``enforcement_host``/``enforcement_port`` for gateways and executors; each of those two
+    refuses every other role. Each has its own limits (``haltwire.listener``), and ``haltwire
+    control`` serves the agents' listener in a process of its own (``haltwire.control_processes``).
     """
 
     host: str = "127.0.0.1"
@@ -36,9 +38,16 @@ class ControlSection(ConfigModel):
     admin_host: str | None = None
     #: Default: the next port after ``port`` (8701), or any free port when ``port`` is 0.
     admin_port: int | None = Field(default=None, ge=0, le=65535)
+    #: Default: ``host``.
+    enforcement_host: str | None = None
+    #: Default: two after ``port`` (8702), or any free port when ``port`` is 0.
+    enforcement_port: int | None = Field(default=None, ge=0, le=65535)
     agent_listener: ListenerLimits = Field(default_factory=lambda: ListenerLimits(max_connections=768))
     admin_listener: ListenerLimits = Field(
         default_factory=lambda: ListenerLimits(max_connections=64, max_in_flight=32)
+    )
+    enforcement_listener: ListenerLimits = Field(
+        default_factory=lambda: ListenerLimits(max_connections=256, max_in_flight=64)
     )
     #: Accept plain ``token`` entries. Never in production.
     development: bool = False
@@ -53,6 +62,15 @@ class ControlSection(ConfigModel):
     def _consistent(self) -> ControlSection:
         if self.port == self.admin_port != 0 and self.host == (self.admin_host or self.host):
             raise ValueError(f"admin_port: the admin listener needs a port of its own, not {self.port}")
+        enforcement = (self.enforcement_host or self.host, self.enforcement_port)
+        for name, taken in (
+            ("port", (self.host, self.port)),
+            ("admin_port", (self.admin_host or self.host, self.admin_port)),
+        ):
+            if enforcement == taken and self.enforcement_port:
+                raise ValueError(
+                    f"enforcement_port: the enforcement listener needs a port of its own, not {name}'s {taken[1]}"
+                )
         if self.max_intent_body_bytes < self.max_body_bytes:
             raise ValueError(
                 f"max_intent_body_bytes: at least max_body_bytes ({self.max_body_bytes}), "
@@ -65,6 +83,12 @@ class ControlSection(ConfigModel):
         if self.admin_port is not None:
             return self.admin_port
         return 0 if port == 0 else port + 1
+
+    def enforcement_port_for(self, port: int) -> int:
+        """The enforcement listener's port when the agents' listener is on ``port``."""
+        if self.enforcement_port is not None:
+            return self.enforcement_port
+        return 0 if port == 0 else port + 2
 
 
 class RegistrySection(ConfigModel):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Final
 
@@ -50,6 +50,9 @@ class Plane:
         self.heartbeat_s = config.control.heartbeat_s
         self.stores: Stores | None = None
         self._changed = anyio.Event()
+        #: Called after each change this process writes: wake-ups for the control plane's other
+        #: processes where the store cannot send them (``haltwire.control_processes``).
+        self.peers: list[Callable[[], None]] = []
         self._run_agents: dict[str, str] = {}
         #: Grants leases to runs; None without [leases] (the run endpoints answer 501).
         self.leases = LeaseDesk.from_config(config)
@@ -72,7 +75,14 @@ class Plane:
         return self.stores
 
     def notify(self) -> None:
-        """Wake every watcher: the registry has a new change."""
+        """Wake every watcher: this process wrote a registry change. The control plane's other
+        processes on the same SQLite file are told too (``peers``)."""
+        self.wake()
+        for tell in self.peers:
+            tell()
+
+    def wake(self) -> None:
+        """Wake this process's watchers: the registry has a new change."""
         changed, self._changed = self._changed, anyio.Event()
         changed.set()
 

@@ -37,10 +37,16 @@ AGENT: Final = "support-bot"
 # -- the configs -------------------------------------------------------------------------------
 
 
-def control_config(db: Path, port: int) -> dict[str, Any]:
+def control_config(db: Path, port: int, enforcement_port: int) -> dict[str, Any]:
     """The control plane: a 10-second lease for ``support``, the broker, the per-run limit."""
     return {
-        "control": {"development": True, "port": port, "admin_port": 0, "heartbeat_s": 1.0},
+        "control": {
+            "development": True,
+            "port": port,
+            "admin_port": 0,
+            "enforcement_port": enforcement_port,
+            "heartbeat_s": 1.0,
+        },
         "registry": {"backend": "sqlite", "path": str(db)},
         "leases": {"signing_key": LEASE_KEY["kid"], "keys": [LEASE_KEY]},
         "agent_classes": {
@@ -96,6 +102,8 @@ class Stack:
         self.processes = Processes(directory)
         self.directory = directory
         self.control_url = f"http://127.0.0.1:{free_port()}"
+        #: The gateway's and the executor's listener.
+        self.enforcement_url = f"http://127.0.0.1:{free_port()}"
         self.shop_url = f"http://127.0.0.1:{free_port()}"
         self.gateway_url = f"http://127.0.0.1:{free_port()}"
 
@@ -105,10 +113,12 @@ class Stack:
 
     def start(self) -> None:
         cp_toml, gw_toml = self.directory / "control.toml", self.directory / "gateway.toml"
-        control_data = control_config(self.directory / "control.db", self._port(self.control_url))
+        control_data = control_config(
+            self.directory / "control.db", self._port(self.control_url), self._port(self.enforcement_url)
+        )
         cp_toml.write_text(tomli_w.dumps(control_data))
         gw_toml.write_text(
-            tomli_w.dumps(gateway_config(self._port(self.gateway_url), self.control_url, self.shop_url))
+            tomli_w.dumps(gateway_config(self._port(self.gateway_url), self.enforcement_url, self.shop_url))
         )
         spawn = self.processes.spawn
         ledger = str(self.directory / "ledger.db")
@@ -118,6 +128,7 @@ class Stack:
         control = spawn("control plane", "-m", "haltwire", "control", "--config", str(cp_toml))
         shop.wait_http(f"{self.shop_url}/ledger")
         control.wait_http(f"{self.control_url}/healthz")
+        control.wait_http(f"{self.enforcement_url}/healthz")
         gateway = spawn("gateway", "-m", "haltwire", "gateway", "--config", str(gw_toml))
         executor = spawn("executor", "-m", "haltwire", "executor", "--config", str(gw_toml))
         gateway.wait_http(f"{self.gateway_url}/healthz")

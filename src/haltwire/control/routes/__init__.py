@@ -87,7 +87,7 @@ def create_app(config: ControlConfig, stores: Stores | None = None) -> ControlAp
         plane.stores = opened
         await opened.audit.seal(time.time())  # records from before the log had a key, if any
         async with anyio.create_task_group() as tg:
-            tg.start_soon(opened.registry.follow_writes, plane.notify)
+            tg.start_soon(opened.registry.follow_writes, plane.wake)
             tg.start_soon(plane.follow_audit_head)
             try:
                 yield
