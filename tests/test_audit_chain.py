@@ -244,6 +244,9 @@ async def test_cli_audit_head_and_verify_expect_head(
         assert "TAMPERED at seq 2" in capsys.readouterr().err
         assert await cli("audit", "verify", "--expect-head", "2:not-a-hash") == 2
         assert "SEQ:HASH" in capsys.readouterr().err
+        for bad in ("2:not-a-hash", f"{2**63}:{'0' * 64}", f"{'9' * 30}:{'0' * 64}"):
+            r = await client.get("/v1/audit/verify", params={"expect_head": bad}, headers=auth("viewer"))
+            assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", (bad, r.text)
 
 
 def test_the_key_is_kept_out_of_the_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

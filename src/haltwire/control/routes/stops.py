@@ -301,7 +301,7 @@ routes = [
         "audit.read",
         (200, VerifyResult, "the result"),
         (422, 503),
-        query=[query("expect_head", {"type": "string", "pattern": "^[0-9]+:[0-9a-f]{64}$"}, _EXPECT)],
+        query=[query("expect_head", {"type": "string", "pattern": "^[0-9]{1,19}:[0-9a-f]{64}$"}, _EXPECT)],
     ),
     Route("GET", "/v1/audit/head", audit_head, "audit.read", (200, AuditHead, "the head"), (503,)),
     Route(

@@ -96,6 +96,8 @@ class Head:
             or any(c not in "0123456789abcdef" for c in digest)
         ):
             raise ValueError(f"a head is SEQ:HASH (64 lowercase hex digits), not {text[:100]!r}")
+        if len(seq) > 19 or int(seq) >= 2**63:  # past any store's seq column (64-bit): a driver error
+            raise ValueError("a head's SEQ is below 2**63")
         return cls(int(seq), digest)
 
 
