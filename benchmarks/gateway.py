@@ -273,11 +273,10 @@ async def bench_memory(n: int) -> AdmitStats:
 
 async def bench_redis(url: str, n: int) -> AdmitStats | str:
     import redis.asyncio as aioredis
-    from redis.asyncio.retry import Retry
-    from redis.backoff import NoBackoff
     from redis.exceptions import RedisError
 
     from haltwire.store.counters.redis import RedisCounters
+    from haltwire.store.redis import redis_client
 
     wire = Counter[str]()
 
@@ -289,21 +288,8 @@ async def bench_redis(url: str, n: int) -> AdmitStats | str:
             await super().send_packed_command(command, check_health)
 
     prefix = f"hwbench-{uuid.uuid4().hex[:12]}"
-    # The client RedisCounters builds for itself, plus a connection class that counts.
-    extra: dict[str, Any] = {}
-    with contextlib.suppress(ImportError):
-        from redis.maint_notifications import MaintNotificationsConfig
-
-        extra["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
-    client = aioredis.Redis.from_url(
-        url,
-        socket_timeout=0.5,
-        socket_connect_timeout=0.5,
-        retry=Retry(NoBackoff(), 0),
-        retry_on_timeout=False,
-        connection_class=CountingConnection,
-        **extra,
-    )
+    # The client RedisCounters builds for itself, with a connection class that counts.
+    client = redis_client(url, timeout_s=0.5, connection_class=CountingConnection)
     store = RedisCounters(prefix=prefix, client=client)
     try:
         try:
@@ -339,6 +325,7 @@ async def bench_redis(url: str, n: int) -> AdmitStats | str:
                 await cleaner.delete(*keys)
             await cleaner.aclose()
         await store.aclose()
+        await client.aclose()  # a client given to the store is its owner's to close
 
 
 # --------------------------------------------------------------------------------------

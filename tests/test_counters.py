@@ -67,7 +67,9 @@ class Stores:
         if self.kind == "memory":
             yield self._memory
             return
-        store = RedisCounters(self.url, prefix=self.prefix, slot_ttl_s=slot_ttl_s, timeout_s=2.0)
+        # The deadline covers connecting too; 200 admissions at once open 200 connections, slow
+        # on a busy two-core machine. The timeout tests make stores of their own.
+        store = RedisCounters(self.url, prefix=self.prefix, slot_ttl_s=slot_ttl_s, timeout_s=5.0)
         try:
             yield store
         finally:

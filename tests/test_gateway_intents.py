@@ -87,7 +87,7 @@ async def test_an_irreversible_call_is_recorded_as_an_intent_and_never_reaches_t
 
         result = await call(client, "lookup_order", ORDER)
         intent = intent_of(result)
-        key = derived_key("ops-bot", None, "lookup_order", ORDER)
+        key = derived_key("ops-bot", "acme", None, "lookup_order", ORDER)
         assert intent["state"] == "pending" and intent["tool"] == "lookup_order"
         assert intent["idempotency_key"] == key and intent["run_id"] is None
         assert (result.meta or {})[KEY_META] == key
@@ -175,6 +175,7 @@ async def test_a_run_stop_cancels_the_runs_intents_and_refuses_new_ones_recordin
     async with control_plane(tmp_path / "control.db") as cp, running_upstream() as (demo, up):
         config = intents_config(up, cp)
         config["leases"] = {"keys": [{"kid": "k1", "secret": LEASE_SECRET}]}
+        config["identities"][0]["lease"] = "optional"  # for the status read outside any run below
         async with running_gateway(config) as (_, url), connect(url, TOKENS["ops-bot"]) as client:
 
             async def propose(run: str, order: str) -> CallToolResult:
@@ -182,7 +183,9 @@ async def test_a_run_stop_cancels_the_runs_intents_and_refuses_new_ones_recordin
 
             before = intent_of(await propose("run-1", "A-1"))
             assert (before["run_id"], before["state"]) == ("run-1", "pending")
-            assert before["idempotency_key"] == derived_key("ops-bot", "run-1", "lookup_order", ORDER)
+            assert before["idempotency_key"] == derived_key(
+                "ops-bot", "acme", "run-1", "lookup_order", ORDER
+            )
 
             stop = await issue(cp, "run:run-1", "refund storm")
 
@@ -237,7 +240,7 @@ async def test_an_unreachable_control_plane_fails_closed_and_never_forwards(tmp_
             result = await call(client, "lookup_order", {"order_id": "D-4"})
             error = error_of(result)
             assert (error["code"], error["retryable"]) == ("registry_unreachable", True)
-            key = derived_key("ops-bot", None, "lookup_order", {"order_id": "D-4"})
+            key = derived_key("ops-bot", "acme", None, "lookup_order", {"order_id": "D-4"})
             assert (result.meta or {})[KEY_META] == key, "refused by the intent desk, with its key"
             status = error_of(await client.call_tool(INTENT_TOOL, {"intent_id": "int_x"}))
             assert status["code"] == "registry_unreachable"

@@ -125,7 +125,7 @@ async def test_a_valid_lease_is_served_and_every_bad_one_refused_before_the_upst
         good = mint("run-1")
         assert await call(ops, good) is None
         assert await call(ops, good, run="run-1") is None
-        assert await call(ops) is None, "no token, lease optional: served as before"
+        assert code(await call(ops)) == "lease_invalid", "no token: with [leases], required by default"
         served = demo.served["lookup_order"]
 
         forged = mint("run-1", keys=LeaseKeys({"k1": b"x" * 40}, signing="k1"))
@@ -227,10 +227,15 @@ async def test_a_raw_json_rpc_call_with_the_header_takes_the_fast_path() -> None
 
 
 @pytest.mark.parametrize("path", PATHS)
-async def test_an_identity_that_requires_a_lease_is_refused_without_one(path: str) -> None:
+@pytest.mark.parametrize("lease", [None, "required"], ids=["lease unset", "lease required"])
+async def test_without_a_lease_an_identity_is_refused_unless_it_opts_out(
+    path: str, lease: str | None
+) -> None:
     async with running_upstream() as (demo, up):
         data = config_dict(up, leases=LEASES)
-        data["identities"][0]["lease"] = "required"  # ops-bot
+        if lease is not None:
+            data["identities"][0]["lease"] = lease  # ops-bot
+        data["identities"][1]["lease"] = "optional"  # billing-bot: the explicit opt-out
         async with (
             running_gateway(data) as (_, url),
             client(url, path=path) as ops,
@@ -238,9 +243,10 @@ async def test_an_identity_that_requires_a_lease_is_refused_without_one(path: st
         ):
             missing = await call(ops)
             assert code(missing) == "lease_invalid" and missing is not None
-            assert "must present a lease" in missing["message"]
+            assert "ops-bot sent no lease" in missing["message"]
+            assert 'lease = "optional"' in missing["message"], "the sentence names the fix"
             assert await call(ops, mint("run-1")) is None
-            assert await call(billing) is None, "billing-bot's lease stays optional"
+            assert await call(billing) is None, "billing-bot opted out"
     assert demo.served["lookup_order"] == 2
 
 
@@ -262,6 +268,7 @@ async def test_a_run_step_budget_ends_one_run_and_not_the_identitys_other_runs(p
     async with running_upstream() as (demo, up):
         data = config_dict(up, leases=LEASES, limits={"run_steps": 100})
         data["identities"][0]["limits"] = {"run_steps": 3}  # ops-bot's own override
+        data["identities"][0]["lease"] = "optional"  # for the call in no run below
         async with running_gateway(data) as (_, url), client(url, path=path) as ops:
             a, b = mint("run-a"), mint("run-b")
             # A refused call counts nothing: these do not spend run-a's steps.
@@ -303,9 +310,9 @@ async def test_run_stops_and_the_fencing_generation_with_a_real_control_plane(
         error = await call(ops, r)
         assert error is not None and (error["scope"], error["stop_id"]) == ("run:run-r", stop["stop_id"])
         assert await call(ops, other) is None, "another run of the same agent"
-        assert await call(ops) is None, "a call in no run"
+        assert code(await call(ops)) == "lease_invalid", "no lease: no way around the run's stop"
         assert await call(billing, mint("run-b", "billing-bot", generation=late)) is None
-        assert demo.served["lookup_order"] == before + 3
+        assert demo.served["lookup_order"] == before + 2
 
         await clear(cp, stop["stop_id"])
 
@@ -371,7 +378,7 @@ async def test_a_run_budget_in_redis_is_shared_by_gateways_and_outlives_any_leas
                 assert await call(two, mint("run-next")) is None
         r = redis.Redis.from_url(redis_url)
         try:
-            ttl_ms = r.pttl(f"{prefix}:{{ops-bot}}:r:run-shared:0")
+            ttl_ms = r.pttl(f"{prefix}:{{acme/ops-bot@1.0}}:r:run-shared:0")
         finally:
             r.close()
         # Kept for the run window (days), not for one lease (seconds): a renewed lease
@@ -383,7 +390,7 @@ async def test_a_run_budget_in_redis_is_shared_by_gateways_and_outlives_any_leas
 @settings(max_examples=50, deadline=None)  # no per-example deadline: the machine is shared
 @given(st.text(max_size=300) | st.binary(max_size=300).map(lambda b: b.decode("latin-1")))
 def test_any_header_text_is_a_refusal_never_an_exception(text: str) -> None:
-    check = LeaseCheck(K1, ["ops-bot"])
+    check = LeaseCheck(K1)
     outcome = check.check(Identity("ops-bot", "acme", "1.0"), None, text)
     assert isinstance(outcome, Refusal) and outcome.code == "lease_invalid"
     # The same, in a JWT's shape: three dot-separated parts of it.

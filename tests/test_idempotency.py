@@ -181,7 +181,7 @@ async def test_derived_keys_serve_the_same_call_in_one_run_once_and_anything_els
     ):
         first = await lookup(ops, "A-1")
         key = meta_of(first)[KEY_META]
-        assert key == derived_key("ops-bot", None, "lookup_order", {"order_id": "A-1"})
+        assert key == derived_key("ops-bot", "acme", None, "lookup_order", {"order_id": "A-1"})
         again = await lookup(ops, "A-1")
         assert meta_of(again)[REPLAYED_META] is True and meta_of(again)[KEY_META] == key
         assert demo.served["lookup_order"] == 1
@@ -204,11 +204,12 @@ async def test_a_derived_key_belongs_to_the_run_the_lease_names() -> None:
 
     async with running_upstream() as (demo, up):
         config = bounded_config(up, leases={"keys": [{"kid": "k1", "secret": LEASE_SECRET}]})
+        config["identities"][0]["lease"] = "optional"  # for the call outside any run below
         async with running_gateway(config) as (_, url), connect(url, TOKENS["ops-bot"]) as client:
             run1 = {LEASE_META: lease("run-1")}
             first = await lookup(client, "A-1", **run1)
             assert meta_of(first)[KEY_META] == derived_key(
-                "ops-bot", "run-1", "lookup_order", {"order_id": "A-1"}
+                "ops-bot", "acme", "run-1", "lookup_order", {"order_id": "A-1"}
             )
             assert meta_of(await lookup(client, "A-1", **run1))[REPLAYED_META] is True
             assert demo.served["lookup_order"] == 1

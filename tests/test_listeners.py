@@ -201,8 +201,13 @@ def test_listeners_that_cannot_fit_in_the_open_file_limit_are_a_config_error() -
         "    check_descriptors([ListenerLimits(max_connections=300), ListenerLimits(max_connections=100)])\n"
         "except ConfigError as exc:\n"
         "    print(exc)\n"
+        "try:\n"  # a gateway's Redis pool counts too
+        "    check_descriptors([ListenerLimits(max_connections=300)], 100)\n"
+        "except ConfigError as exc:\n"
+        "    print(exc)\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
-    fits, problem = out.stdout.strip().splitlines()
+    fits, problem, pooled = out.stdout.strip().splitlines()
     assert fits == "512"
     assert "may hold 400 connections" in problem and "only 512 files" in problem
+    assert "may hold 300 connections (and 100 to Redis)" in pooled and "only 512 files" in pooled

@@ -11,6 +11,7 @@ OpenAPI document.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -274,6 +275,17 @@ async def test_cli_report_prints_the_sections_and_its_json_is_the_api(
         monkeypatch.setenv("HALTWIRE_TOKEN", TOKEN["viewer"])
         done = await scenario(client)
         ids, stop = done["ids"], done["stop"]
+        # A gateway had two of the run's calls in flight when the stop came: it cut one.
+        now = time.time()
+        calls = [
+            {"call_id": "call_cut", "tool": "read_sleep", "label": "cancellable", "outcome": "cancelled"},
+            {"call_id": "call_let", "tool": "job_sleep", "label": "bounded", "outcome": "completed"},
+        ]
+        times = {"stop_id": stop["stop_id"], "started_at": now - 2, "stopped_at": now - 1, "ended_at": now}
+        r = await client.post(
+            "/v1/runs/r-1/calls", json={"calls": [{**c, **times} for c in calls]}, headers=auth("gateway")
+        )
+        assert r.status_code == 200, r.text
         capsys.readouterr()
 
         assert await cli("report", "r-1", "--json") == 0
@@ -286,11 +298,12 @@ async def test_cli_report_prints_the_sections_and_its_json_is_the_api(
             "In flight, outcome unknown (2)",
             "Failed (1)",
             "Cancelled (1)",
+            "Calls in flight when a stop came (2)",
             "Awaiting approval (1)",
             "Pending (1)",
             "Rejected (1)",
             "Stops (1)",
-            "Timeline (23)",
+            "Timeline (25)",
         ]
         at = [out.index(t) for t in titles]
         assert at == sorted(at), out
@@ -301,6 +314,9 @@ async def test_cli_report_prints_the_sections_and_its_json_is_the_api(
         # The cancelled intent names its stop, and the stop who issued and cleared it and why.
         cancelled = out[out.index("Cancelled (1)") : out.index("Awaiting approval")]
         assert stop["stop_id"] in cancelled and "operator-1: refund loop" in cancelled
+        in_flight = out[out.index("Calls in flight") : out.index("Awaiting approval")]
+        for text in ("call_cut", "read_sleep", "cut it", "call_let", "let it finish: completed"):
+            assert text in in_flight, in_flight
         stops = out[out.index("Stops (1)") : out.index("Timeline")]
         for text in ("run:r-1", "operator-1", "refund loop", "cleared by operator-1", "refunds reviewed"):
             assert text in stops, stops
@@ -323,7 +339,7 @@ async def test_an_empty_run_reports_empty_sections_and_its_registration(
     async with plane(sqlite(tmp_path)) as (client, _):
         await register(client, "r-1")
         got = await report(client, "r-1", "agent")
-        assert all(got[s] == [] for s in (*SECTIONS, "stops"))
+        assert all(got[s] == [] for s in (*SECTIONS, "stops", "calls"))
         assert [t["action"] for t in got["timeline"]] == ["run.register"]
         assert conforms(
             await client.get("/v1/runs/r-1/report", headers=auth("viewer")), "get", "/v1/runs/{run_id}/report"
@@ -332,6 +348,7 @@ async def test_an_empty_run_reports_empty_sections_and_its_registration(
         assert await cli("report", "r-1", "--token", TOKEN["agent"]) == 0
         out = capsys.readouterr().out
         assert "Completed actions: none" in out and "Stops: none" in out and "Timeline (1)" in out
+        assert "Calls in flight when a stop came: none" in out
 
 
 async def test_a_call_the_stop_refused_is_in_the_runs_timeline(tmp_path: Path) -> None:

@@ -199,11 +199,18 @@ def gateway_with(upstream: str, control: str) -> dict[str, Any]:
     return config_dict(upstream, control=link, leases={"keys": LEASES["keys"]})
 
 
+def bounded_sleep(data: dict[str, Any]) -> dict[str, Any]:
+    """``sleep`` labelled bounded: the gateway lets it finish when a stop comes (level 3 cuts only
+    cancellable calls in flight, test_inflight_stops.py), so a cut seen is the runtime's (level 2)."""
+    data["upstreams"][0]["labels"] = {"sleep": "bounded"}
+    return data
+
+
 async def test_a_stop_cancels_the_tool_call_in_flight_and_the_upstream_sees_it(tmp_path: Path) -> None:
     async with (
         control_plane(tmp_path / "c.db") as url,
         running_upstream() as (demo, up),
-        running_gateway(gateway_with(up, url)) as (_, mcp_url),
+        running_gateway(bounded_sleep(gateway_with(up, url))) as (_, mcp_url),
         agent(url) as control,
         Lease.start(control, agent_class="fast") as lease,
         connect(mcp_url, "tok-ops") as client,

@@ -26,7 +26,7 @@ EXIT_USAGE = 2
 
 
 def _gateway(args: argparse.Namespace) -> int:
-    from haltwire.gateway import ControlUnreachable, UpstreamError, create_app
+    from haltwire.gateway import ControlUnreachable, UpstreamError, create_app, redis_pool_size
     from haltwire.listener import check_descriptors
     from haltwire.serve import CannotListen, listen, serve_forever
 
@@ -43,7 +43,8 @@ def _gateway(args: argparse.Namespace) -> int:
         print(f"haltwire gateway: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        check_descriptors([config.gateway.listener])
+        redis_pool = redis_pool_size(config) if config.counters.backend == "redis" else 0
+        check_descriptors([config.gateway.listener], redis_pool)
         sock = listen(host, port)  # before the upstreams start: a taken port is said at once
     except (CannotListen, ConfigError) as exc:
         print(f"haltwire gateway: {exc}", file=sys.stderr)

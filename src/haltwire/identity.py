@@ -1,22 +1,27 @@
 """Identities: who calls, resolved from the bearer token and nothing else.
 
-Every ceiling is keyed by the identity a token resolves to, never by a connection or a
-session, so a client that reconnects, or starts a new session, is still the same caller.
-Tokens are kept as SHA-256 hashes; the lookup hashes the presented token and reads a dict.
+An identity is an agent id, a tenant and a version: several versions (a canary beside the
+stable one) and several tenants may share one agent id, each an identity of its own. Every
+ceiling is keyed by the identity a token resolves to, never by a connection or a session, so a
+client that reconnects, or starts a new session, is still the same caller. Tokens are kept as
+SHA-256 hashes; the lookup hashes the presented token and reads a dict.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
+from urllib.parse import quote
 
 RefuseAt = Literal["tool", "edge"]
+#: (agent, tenant, version): what tells one identity from another.
+IdentityKey = tuple[str, str, str]
 
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """An agent identity. ``agent`` is the key every ceiling counts under."""
+    """An agent identity: ``agent``, ``tenant`` and ``version`` together (``key``) tell it apart."""
 
     agent: str
     tenant: str = "default"
@@ -27,6 +32,26 @@ class Identity:
     #: Where this identity's refusals are answered: as tool results (default) or as
     #: HTTP statuses at the edge (401/403/429/503), as a plain HTTP gateway would.
     refuse_at: RefuseAt = "tool"
+    #: Who vouched for it: None for a token of the gateway's own table, else the issuer (its
+    #: ``iss``) whose signed JWT named it.
+    issuer: str | None = None
+
+    #: ``TENANT/AGENT``, percent-encoded (no ``/``, ``@``, ``:`` or braces inside): the agent
+    #: within its tenant, whatever its version. Idempotency keys belong to it, so a key is never
+    #: answered across tenants, and a repeat survives a switch between versions.
+    owner: str = field(init=False, repr=False, compare=False)
+    #: ``TENANT/AGENT@VERSION``, percent-encoded: the one name this identity's counters live under.
+    counted_as: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Computed once: the counters' name is read on every admission.
+        owner = f"{quote(self.tenant, safe='')}/{quote(self.agent, safe='')}"
+        object.__setattr__(self, "owner", owner)
+        object.__setattr__(self, "counted_as", f"{owner}@{quote(self.version, safe='')}")
+
+    @property
+    def key(self) -> IdentityKey:
+        return (self.agent, self.tenant, self.version)
 
 
 def token_sha256(token: str) -> str:

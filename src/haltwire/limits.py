@@ -36,6 +36,10 @@ MAX_ITEMS: Final = 1000
 MAX_SCOPE_CHARS: Final = 512
 #: A stop's or clear's reason, an intent's rejection or failure: a sentence for the run report.
 MAX_REASON_CHARS: Final = 2000
+#: Calls a gateway reports in one request (``POST /v1/runs/{id}/calls``; it sends up to 100).
+MAX_CALLS_PER_REPORT: Final = 100
+#: The latest time a request may name, in Unix seconds (the year 2286): past it, not a time.
+MAX_TIME_S: Final = 1e10
 
 #: No control character (``has_control_characters``), as a JSON-Schema pattern for the document.
 PRINTABLE_PATTERN: Final = r"^[^\u0000-\u001f\u007f-\u009f]*$"

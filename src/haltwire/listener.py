@@ -50,18 +50,20 @@ class ListenerLimits(ConfigModel):
 SPARE_DESCRIPTORS: Final = 128
 
 
-def check_descriptors(listeners: Sequence[ListenerLimits]) -> int:
+def check_descriptors(listeners: Sequence[ListenerLimits], pool: int = 0) -> int:
     """Raise the soft open-file limit to the hard one, then ``ConfigError`` unless every
-    listener's ``max_connections`` fits in it with room to spare; answers the limit."""
+    listener's ``max_connections`` (and a connection pool of ``pool``, the gateway's to Redis)
+    fits in it with room to spare; answers the limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
             soft = hard
-    wanted = sum(limits.max_connections for limits in listeners) + SPARE_DESCRIPTORS
-    if soft != resource.RLIM_INFINITY and wanted > soft:
+    held = sum(limits.max_connections for limits in listeners) + pool
+    if soft != resource.RLIM_INFINITY and held + SPARE_DESCRIPTORS > soft:
+        pooled = f" (and {pool} to Redis)" if pool else ""
         raise ConfigError(
-            f"max_connections: the listeners may hold {wanted - SPARE_DESCRIPTORS} connections, but this "
+            f"max_connections: the listeners may hold {held - pool} connections{pooled}, but this "
             f"process may open only {soft} files ({SPARE_DESCRIPTORS} are kept for everything else); "
             "lower max_connections or raise the limit (ulimit -n)"
         )

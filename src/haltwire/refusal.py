@@ -241,6 +241,16 @@ def lease_invalid(why: str) -> Refusal:
     return _terminal("lease_invalid", f"The lease presented is not valid ({why})")
 
 
+def lease_missing(who: str) -> Refusal:
+    """``lease_invalid`` for a call with no lease at all, naming the two ways to fix it."""
+    return _terminal(
+        "lease_invalid",
+        f"{who} sent no lease: its tool calls must carry the lease token of a run registered with "
+        "the control plane (in the call's _meta or a Haltwire-Lease header), or the gateway's "
+        f'config must set lease = "optional" for {who}',
+    )
+
+
 def policy_denied(who: str, tool: str) -> Refusal:
     return _terminal("policy_denied", f"{who} may not call {tool}")
 

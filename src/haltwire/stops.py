@@ -29,6 +29,12 @@ from haltwire.limits import MAX_REASON_CHARS, has_control_characters
 from haltwire.scope import Scope, ScopeIndex
 
 ChangeKind = Literal["stop", "clear"]
+#: What became of a tool call that a stop found in flight at the gateway, as the run report says:
+#: ``cancelled`` (cut by the stop), ``abandoned`` (cut by its caller going away), else how the
+#: call ended once let finish.
+CallOutcome = Literal[
+    "cancelled", "completed", "failed", "deadline_exceeded", "upstream_unavailable", "abandoned"
+]
 
 
 def checked_reason(reason: str, what: str = "a stop") -> str:

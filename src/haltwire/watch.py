@@ -62,6 +62,9 @@ class StopWatch:
         self.last_heard: float | None = None
         #: True once the stops issued before start-up are applied (``run`` reported started).
         self.ready = False
+        #: Called with each new stop as it is applied, in this task and before the next event
+        #: is read (the gateway cuts calls in flight here); they must not block.
+        self.on_stop: list[Callable[[StopRecord], None]] = []
 
     def current(self) -> bool:
         """Whether the stops held are current: heard from within ``staleness_s`` (fail closed)."""
@@ -81,6 +84,13 @@ class StopWatch:
         self.stops.apply(change, record, int(data["revision"]))
         advanced, self._advanced = self._advanced, anyio.Event()
         advanced.set()
+        if change == "stop":
+            for listener in self.on_stop:
+                try:
+                    listener(record)
+                except Exception:
+                    # A listener's bug must not cost the stream (and with it every stop after).
+                    log.exception("a listener failed on stop %s", record.stop_id)
 
     async def reached(self, revision: int) -> None:
         """Return once the change with ``revision`` has been applied (the caller bounds the wait)."""

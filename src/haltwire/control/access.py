@@ -48,8 +48,10 @@ ROLES: Final[Mapping[str, frozenset[str]]] = {
     "intent.check": frozenset({"executor"}),
     "intent.approve": frozenset({"operator"}),
     "intent.reject": frozenset({"operator"}),
-    # Run reports: read-only; an agent reads its own runs' only.
+    # Run reports: read-only; an agent reads its own runs' only. The gateway records the calls a
+    # stop found in flight, for the report.
     "run.report": frozenset({"operator", "viewer", "agent"}),
+    "run.calls.record": frozenset({"gateway"}),
 }
 
 

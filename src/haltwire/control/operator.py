@@ -260,6 +260,14 @@ def _report(args: argparse.Namespace) -> None:
 
     section("Cancelled", [*base, "stop", "stopped by"], intent_rows("cancelled", cancelled_by))
     section(
+        "Calls in flight when a stop came",
+        ["call", "tool", "label", "stop", "what the gateway did", "ended"],
+        [
+            [c["call_id"], c["tool"], c["label"], c["stop_id"], _did(c["outcome"]), _when(c["ended_at"])]
+            for c in report["calls"]
+        ],
+    )
+    section(
         "Awaiting approval",
         [*base, "recorded"],
         intent_rows("awaiting_approval", lambda i: [_when(i["created_at"])]),
@@ -306,6 +314,14 @@ def _report(args: argparse.Namespace) -> None:
             for r in report["timeline"]
         ],
     )
+
+
+def _did(outcome: str) -> str:
+    if outcome == "cancelled":
+        return "cut it"
+    if outcome == "abandoned":
+        return "let it run; the agent's request went away first"
+    return f"let it finish: {outcome}"
 
 
 def _when(at: float) -> str:

@@ -3,8 +3,10 @@
 ``GET /v1/runs/{run_id}/report`` derives everything from what the control plane already
 records, and writes nothing: the run (the run store), its intents grouped by state (the
 intent store), every stop whose scope covers the run, active or cleared (the registry), and
-the audit records about the run in seq order (the audit log). ``haltwire report RUN`` prints
-it (``haltwire.control.operator``).
+the audit records about the run in seq order (the audit log), and the tool calls a stop found
+in flight at a gateway, with what the gateway did to each (``calls``: cut, or let finish and
+how they ended; ``haltwire.control.calls``). ``haltwire report RUN`` prints it
+(``haltwire.control.operator``).
 
 A stop covers the run when it names one of the run's scopes (``run:``, ``agent:``,
 ``tenant:``, ``version:``, ``global``); a stop that cancelled one of the run's intents through
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from haltwire.control.access import visible_to
+from haltwire.control.calls import StoppedCall, stopped_calls
 from haltwire.control.config import Caller
 from haltwire.control.plane import Plane
 from haltwire.control.runs import run_for
@@ -70,6 +73,8 @@ class RunReport:
     pending: list[Intent]
     rejected: list[Intent]
     stops: list[StopRecord]
+    #: Tool calls in flight at a gateway when a stop came: cut (cancellable) or let finish.
+    calls: list[StoppedCall]
     timeline: list[TimelineEntry]
 
 
@@ -109,11 +114,12 @@ async def report(plane: Plane, caller: Caller, run_id: str) -> RunReport:
     stops.sort(key=lambda s: s.revision)
     intent_ids = {i.intent_id for i in intents}
     stop_ids = {s.stop_id for s in stops}
+    records = [r for r in await stores.audit.records() if about_run(r, run.run_id, intent_ids, stop_ids)]
     timeline = [
         TimelineEntry(r.seq, r.at, r.actor, r.role, r.action, r.target, r.outcome, r.reason, r.malformed)
-        for r in await stores.audit.records()
-        if about_run(r, run.run_id, intent_ids, stop_ids)
+        for r in records
     ]
     # The store lists oldest first; a section spanning two states keeps that order.
     sections = {section: [i for i in intents if i.state in states] for section, states in SECTIONS.items()}
-    return RunReport(run=run, **sections, stops=stops, timeline=timeline)
+    calls = stopped_calls(records, run.run_id)
+    return RunReport(run=run, **sections, stops=stops, calls=calls, timeline=timeline)

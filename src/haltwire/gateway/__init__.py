@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from contextlib import AsyncExitStack
 
 import anyio
 import httpx2
+import redis.asyncio as aioredis
 
 from haltwire import __version__
 from haltwire.credentials import JwksKeys
@@ -15,9 +17,13 @@ from haltwire.gateway.ceilings import Ceilings, Clock
 from haltwire.gateway.config import GatewayConfig, load_config, parse_config
 from haltwire.gateway.credentials import CredentialEdge
 from haltwire.gateway.idempotency import Idempotency
+from haltwire.gateway.identities import Identities
+from haltwire.gateway.inflight import InFlight
 from haltwire.gateway.intents import INTENT_TOOL, IntentDesk
+from haltwire.gateway.issuer import IssuerEdge, KeysUnavailable
 from haltwire.gateway.killswitch import SuspensionFile, write_suspensions
 from haltwire.gateway.leases import LeaseCheck
+from haltwire.gateway.outcomes import CallReports
 from haltwire.gateway.proxy import Gateway
 from haltwire.store.counters import CounterStore
 from haltwire.store.counters.memory import MemoryCounters
@@ -26,23 +32,54 @@ from haltwire.store.idempotency import IdempotencyStore
 from haltwire.store.idempotency.memory import MemoryIdempotency
 from haltwire.store.idempotency.redis import RedisIdempotency
 from haltwire.store.idempotency.sqlite import SqliteIdempotency
+from haltwire.store.redis import redis_client
 from haltwire.upstreams import UpstreamError, Upstreams
 from haltwire.watch import ControlUnreachable, StopWatch
 
+log = logging.getLogger("haltwire.gateway")
 
-def counter_store(config: GatewayConfig) -> CounterStore:
+
+def redis_pool_size(config: GatewayConfig) -> int:
+    """``[counters] max_connections``, by default the listener's connection cap: a request makes
+    one Redis round trip at a time, so no round trip then waits for a pooled connection."""
+    return config.counters.max_connections or config.gateway.listener.max_connections
+
+
+def shared_redis(config: GatewayConfig) -> aioredis.Redis | None:
+    """The one Redis client (and pool) of the counters and the idempotency records, if in Redis."""
+    c = config.counters
+    if c.backend != "redis":
+        return None
+    return redis_client(c.url, timeout_s=c.timeout_s, max_connections=redis_pool_size(config))
+
+
+def counter_store(config: GatewayConfig, client: aioredis.Redis | None = None) -> CounterStore:
     c = config.counters
     if c.backend == "redis":
-        return RedisCounters(c.url, prefix=c.prefix, slot_ttl_s=c.slot_ttl_s, timeout_s=c.timeout_s)
+        return RedisCounters(
+            c.url,
+            prefix=c.prefix,
+            slot_ttl_s=c.slot_ttl_s,
+            timeout_s=c.timeout_s,
+            max_connections=redis_pool_size(config),
+            client=client,
+        )
     return MemoryCounters()
 
 
-def idempotency_store(config: GatewayConfig) -> IdempotencyStore:
+def idempotency_store(config: GatewayConfig, client: aioredis.Redis | None = None) -> IdempotencyStore:
     """Idempotency records live where the counters do: in Redis for several gateways; for one,
     in a SQLite file (``[idempotency] path``: they outlive a restart) or in memory."""
     c = config.counters
     if c.backend == "redis":
-        return RedisIdempotency(c.url, prefix=c.prefix, timeout_s=c.timeout_s)
+        return RedisIdempotency(
+            c.url,
+            prefix=c.prefix,
+            timeout_s=c.timeout_s,
+            max_connections=redis_pool_size(config),
+            retry_for_s=config.idempotency.ttl_s,
+            client=client,
+        )
     if config.idempotency.path is not None:
         return SqliteIdempotency(config.idempotency.path)
     return MemoryIdempotency()
@@ -52,21 +89,29 @@ def create_app(
     config: GatewayConfig, *, clock: Clock = time.time, store: CounterStore | None = None
 ) -> GatewayApp:
     """The gateway as an ASGI app. Upstreams connect when the app starts (ASGI lifespan)."""
-    store = store if store is not None else counter_store(config)
-    idempotency = Idempotency(idempotency_store(config), config.idempotency.ttl_s, clock=clock)
+    shared = shared_redis(config)
+    store = store if store is not None else counter_store(config, shared)
+    idempotency = Idempotency(idempotency_store(config, shared), config.idempotency.ttl_s, clock=clock)
     upstreams = Upstreams(config.upstreams)
     stops = StopWatch(config.control) if config.control is not None else None
+    # With [control], new stops reach calls in flight, and their outcomes go to the run report.
+    reports = CallReports(config.control) if config.control is not None else None
+    inflight = InFlight(stops, reports, clock=clock) if stops is not None else None
     # Irreversible calls become intents with [control] (unless [intents] enabled = false).
     intents = IntentDesk(config.control, config.upstreams) if config.intents_on and config.control else None
     leases = None
     if config.leases is not None:
-        required = [i.agent for i in config.identities if i.lease == "required"]
-        leases = LeaseCheck(config.leases.lease_keys(), required, clock=clock)
+        # The identities that opted out of leases; with an [issuer], its own opt-out.
+        issued_optional = config.issuer is not None and config.issuer.lease == "optional"
+        leases = LeaseCheck(
+            config.leases.lease_keys(), config.lease_optional(), clock=clock, issued_optional=issued_optional
+        )
     credentials = None
     if config.broker is not None:
         keys = JwksKeys(config.broker.jwks_url, refresh_s=config.broker.refresh_s)
         identities = [i.identity() for i in config.identities]
         credentials = CredentialEdge(keys, config.broker.audience, identities, clock=clock)
+    issuer = IssuerEdge(config.issuer, clock=clock) if config.issuer is not None else None
     gateway = Gateway(
         upstreams,
         Ceilings(config, store, clock=clock, labels=upstreams.label),
@@ -75,19 +120,31 @@ def create_app(
         leases,
         idempotency,
         intents,
+        inflight,
     )
 
     async def startup(stack: AsyncExitStack) -> None:
+        if shared is not None:
+            stack.push_async_callback(shared.aclose)  # after both stores close
         stack.push_async_callback(store.aclose)
         stack.push_async_callback(idempotency.store.aclose)
+        # The stores' retries (of releases, of outcome records) live as long as the gateway.
+        retries = await stack.enter_async_context(anyio.create_task_group())
+        stack.callback(retries.cancel_scope.cancel)
+        await store.start(retries)
+        await idempotency.store.start(retries)
         if intents is not None:
             stack.push_async_callback(intents.aclose)
+        if reports is not None:
+            stack.push_async_callback(reports.aclose)
         if isinstance(idempotency.store, SqliteIdempotency):
             await idempotency.store.connect()  # an unusable path is a start-up error
         if stops is not None:
             # The current stops are held before the first call can arrive.
             tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(tg.cancel_scope.cancel)
+            if reports is not None:
+                await tg.start(reports.run)  # owned by this group: cancelled at shutdown
             await stops.start(tg)
         if credentials is not None:
             try:
@@ -96,17 +153,23 @@ def create_app(
                 raise ControlUnreachable(
                     f"cannot fetch the broker's JWKS at {credentials.keys.url}: {exc}"
                 ) from exc
+        if issuer is not None:
+            try:
+                await issuer.keys.fetch()
+            except KeysUnavailable as exc:
+                # Not a start-up error: the token table's identities are served meanwhile, and the
+                # issuer's tokens are refused until its keys can be fetched (fail closed).
+                log.warning("%s; its tokens are refused until they can be fetched", exc)
         await upstreams.connect(stack)
         if intents is not None and upstreams.route(INTENT_TOOL) is not None:
             raise UpstreamError(f"an upstream offers {INTENT_TOOL}, the gateway's own tool; give it a prefix")
 
     return GatewayApp(
         gateway,
-        config.token_table(),
+        Identities(config.token_table(), issuer=issuer, credentials=credentials),
         max_body_bytes=config.gateway.max_body_bytes,
         version=__version__,
         on_startup=startup,
-        credentials=credentials,
     )
 
 
@@ -124,5 +187,6 @@ __all__ = [
     "idempotency_store",
     "load_config",
     "parse_config",
+    "redis_pool_size",
     "write_suspensions",
 ]

@@ -2,7 +2,7 @@
 
 Every request to ``/mcp`` passes the edge first:
 
-1. the bearer token resolves to an identity, or the answer is 401;
+1. the bearer token resolves to an identity (``haltwire.gateway.identities``), or the answer is 401;
 2. an identity suspended at the edge gets 403;
 3. a body larger than ``max_body_bytes`` gets 413.
 
@@ -43,10 +43,11 @@ from starlette.types import Message, Receive, Scope, Send
 
 from haltwire import refusal
 from haltwire.errors import unwrapped
-from haltwire.gateway.credentials import CREDENTIAL_STATE_KEY, CredentialEdge, jwt_shaped
+from haltwire.gateway.credentials import CREDENTIAL_STATE_KEY
+from haltwire.gateway.identities import Identities
 from haltwire.gateway.proxy import Gateway
 from haltwire.gateway.server import IDENTITY_STATE_KEY, build_server
-from haltwire.identity import Identity, TokenTable, bearer_token
+from haltwire.identity import Identity, bearer_token
 from haltwire.meta import LEASE_HEADER
 from haltwire.refusal import Refusal
 from haltwire.tokens import LeaseClaims
@@ -152,17 +153,15 @@ class GatewayApp:
     def __init__(
         self,
         gateway: Gateway,
-        tokens: TokenTable,
+        identities: Identities,
         *,
         max_body_bytes: int = 1_048_576,
         version: str = "0",
         on_startup: Callable[[AsyncExitStack], Awaitable[None]] | None = None,
-        credentials: CredentialEdge | None = None,
     ) -> None:
         self.gateway = gateway
-        self.tokens = tokens
-        #: Accepts the broker's run credentials as bearer tokens (``[broker]``); None: only tokens.
-        self.credentials = credentials
+        #: Bearer token to identity: the token table, and an issuer's or the broker's JWTs.
+        self.identities = identities
         self.max_body_bytes = max_body_bytes
         self._on_startup = on_startup
         self.started = False
@@ -231,17 +230,11 @@ class GatewayApp:
         if token is None:
             await _respond_refusal(send, refusal.unauthenticated("no bearer token was sent"))
             return
-        identity = self.tokens.resolve(token)
-        credential: LeaseClaims | None = None
-        if identity is None and self.credentials is not None and jwt_shaped(token):
-            resolved = await self.credentials.resolve(token)
-            if isinstance(resolved, Refusal):
-                await _respond_refusal(send, resolved)
-                return
-            identity, credential = resolved
-        if identity is None:
-            await _respond_refusal(send, refusal.unauthenticated("the bearer token is not recognised"))
+        resolved = await self.identities.resolve(token)
+        if isinstance(resolved, Refusal):
+            await _respond_refusal(send, resolved)
             return
+        identity, credential = resolved
         if identity.suspended_at_edge:
             await _respond_refusal(send, refusal.agent_suspended(identity.agent))
             return

@@ -3,7 +3,9 @@
 Policy only: the counting itself is a ``CounterStore`` (``haltwire.store.counters``),
 so the same policy runs on in-memory counters for one gateway and on Redis for many.
 
-A call to tool T by identity A must fit in:
+An identity is an agent id, a tenant and a version: two versions of one agent (a canary beside
+the stable one) count apart, each against the limits of its own ``[[identities]]`` entry, so a
+runaway canary cannot spend the stable version's budget. A call to tool T by identity A must fit in:
 
 - A's call budget: N calls per fixed window (the refusal names when the window resets);
 - A's budget for T, when one is configured;
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from haltwire import refusal
 from haltwire.config import Label
 from haltwire.gateway.config import GatewayConfig, LimitsOverride, ToolLimits
-from haltwire.identity import Identity
+from haltwire.identity import Identity, IdentityKey
 from haltwire.refusal import Refusal
 from haltwire.store.counters import BudgetCounter, CounterStore, CountersUnavailable, SlotCounter
 
@@ -43,7 +45,7 @@ RUN_WINDOW_S = 7 * 24 * 3600.0
 
 @dataclass(frozen=True, slots=True)
 class ToolCeilings:
-    """The effective limits for one (identity, tool) pair, resolved once and cached.
+    """The effective limits for one (identity's entry, tool) pair, resolved once and cached.
 
     ``deadline_s`` is the smaller of the limits' deadline and the tool label's.
     """
@@ -88,8 +90,12 @@ class Ceilings:
         self._labels = labels
         self._store = store
         self._clock = clock
-        self._overrides: dict[str, LimitsOverride] = {i.agent: i.limits for i in config.identities}
-        self._cache: dict[tuple[str, str], ToolCeilings] = {}
+        self._overrides: dict[IdentityKey, LimitsOverride] = {
+            i.identity().key: i.limits for i in config.identities
+        }
+        #: Every identity from the ``[issuer]`` has its limits (and one cache entry per tool).
+        self._issued = config.issuer.limits if config.issuer is not None else LimitsOverride()
+        self._cache: dict[tuple[IdentityKey | None, str], ToolCeilings] = {}
         self._please_try_again = config.gateway.refusal_style == "please-try-again"
         # Slot ids must be unique across every gateway sharing a store: a random prefix per
         # process and a counter (a uuid4 per call costs about half of an in-memory admission).
@@ -100,13 +106,14 @@ class Ceilings:
     def store(self) -> CounterStore:
         return self._store
 
-    def for_call(self, agent: str, tool: str) -> ToolCeilings:
+    def for_call(self, identity: Identity, tool: str) -> ToolCeilings:
         """Merge defaults, the default tool override, the identity and the identity's tool override."""
-        found = self._cache.get((agent, tool))
+        key = identity.key if identity.issuer is None else None
+        found = self._cache.get((key, tool))
         if found is not None:
             return found
         d = self._config.limits
-        ident = self._overrides.get(agent, LimitsOverride())
+        ident = self._issued if key is None else self._overrides.get(key, LimitsOverride())
         dt = d.tools.get(tool, ToolLimits())
         it = ident.tools.get(tool, ToolLimits())
         deadline_s = float(_first(it.deadline_s, dt.deadline_s, ident.deadline_s, d.deadline_s) or 30.0)
@@ -123,7 +130,7 @@ class Ceilings:
             tool_max_in_flight=_int(_first(it.max_in_flight, dt.max_in_flight)),
             run_steps=_int(_first(ident.run_steps, d.run_steps)),
         )
-        self._cache[(agent, tool)] = resolved
+        self._cache[(key, tool)] = resolved
         return resolved
 
     async def admit(self, identity: Identity, tool: str, run: str | None = None) -> Ticket | Refusal:
@@ -131,25 +138,25 @@ class Ceilings:
 
         Fails closed when the counters cannot be reached.
         """
-        c = self.for_call(identity.agent, tool)
+        c = self.for_call(identity, tool)
         now = self._clock()
         window = int(now // c.window_s)
         ends = (window + 1) * c.window_s
-        agent = identity.agent
+        counted = identity.counted_as
         budgets: list[BudgetCounter] = []
         if c.budget is not None:
-            budgets.append(BudgetCounter(f"{agent}:b", window, c.budget, ends))
+            budgets.append(BudgetCounter(f"{counted}:b", window, c.budget, ends))
         if c.tool_budget is not None:
-            budgets.append(BudgetCounter(f"{agent}:b:{tool}", window, c.tool_budget, ends))
+            budgets.append(BudgetCounter(f"{counted}:b:{tool}", window, c.tool_budget, ends))
         if run is not None and c.run_steps is not None:
-            # Keyed under the agent (one Redis Cluster slot with its other counters); window 0
+            # Keyed under the identity (one Redis Cluster slot with its other counters); window 0
             # for the run's whole life, kept RUN_WINDOW_S from its first call.
-            budgets.append(BudgetCounter(f"{agent}:r:{run}", 0, c.run_steps, now + RUN_WINDOW_S))
+            budgets.append(BudgetCounter(f"{counted}:r:{run}", 0, c.run_steps, now + RUN_WINDOW_S))
         slots: list[SlotCounter] = []
         if c.max_in_flight is not None:
-            slots.append(SlotCounter(f"{agent}:f", c.max_in_flight))
+            slots.append(SlotCounter(f"{counted}:f", c.max_in_flight))
         if c.tool_max_in_flight is not None:
-            slots.append(SlotCounter(f"{agent}:f:{tool}", c.tool_max_in_flight))
+            slots.append(SlotCounter(f"{counted}:f:{tool}", c.tool_max_in_flight))
         slot_id = f"{self._slot_prefix}:{next(self._slot_numbers)}" if slots else ""
         if budgets or slots:
             try:
@@ -162,12 +169,12 @@ class Ceilings:
                     if self._please_try_again:
                         return refusal.please_try_again()
                     b = budgets[i]
-                    if run is not None and b.key == f"{agent}:r:{run}":
+                    if run is not None and b.key == f"{counted}:r:{run}":
                         return refusal.run_steps_exhausted(run, b.limit)
                     return refusal.budget_exhausted(
-                        agent, b.limit, ends, tool if b.key != f"{agent}:b" else None
+                        identity.agent, b.limit, ends, tool if b.key != f"{counted}:b" else None
                     )
-                return refusal.too_many_in_flight(agent, slots[i].limit)
+                return refusal.too_many_in_flight(identity.agent, slots[i].limit)
         return Ticket(self._store, tuple(slots), slot_id, c.deadline_s)
 
 

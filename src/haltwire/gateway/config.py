@@ -7,9 +7,10 @@ pydantic models below; ``docs/configuration.md`` describes every key.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from haltwire.config import (
     BearerToken,
@@ -22,7 +23,8 @@ from haltwire.config import (
     read_toml,
     validate_config,
 )
-from haltwire.identity import Identity, RefuseAt, TokenTable
+from haltwire.credentials import ISSUER as CREDENTIAL_ISSUER
+from haltwire.identity import Identity, IdentityKey, RefuseAt, TokenTable
 from haltwire.listener import ListenerLimits
 
 
@@ -57,8 +59,10 @@ class IdentityConfig(TokenFields):
     version: str = "0"
     suspended_at_edge: bool = False
     refuse_at: RefuseAt = "tool"
-    #: ``required``: every call must present a valid lease (needs ``[leases]``).
-    lease: Literal["optional", "required"] = "optional"
+    #: Whether its tool calls must present a lease (issue 12): unset, they must whenever the
+    #: gateway has ``[leases]`` (a call without one has no run, so no run stop could reach it);
+    #: ``optional`` is the explicit opt-out; ``required`` needs ``[leases]``.
+    lease: Literal["optional", "required"] | None = None
     limits: LimitsOverride = Field(default_factory=LimitsOverride)
 
     def identity(self) -> Identity:
@@ -108,8 +112,13 @@ class CountersSection(ConfigModel):
     #: A slot held in Redis expires after this long, so a crashed gateway cannot hold it forever.
     #: It must outlast the longest deadline; the gateway checks that at start-up.
     slot_ttl_s: float = Field(default=300.0, gt=0)
-    #: Socket timeout for one admission round trip.
+    #: How long one admission (or release) may take, waiting for a pooled connection included.
     timeout_s: float = Field(default=0.5, gt=0)
+    #: Connections to Redis this gateway may hold, shared by the counters and the idempotency
+    #: records. Unset: ``[gateway.listener] max_connections``, as many as requests that can be
+    #: answered at once (each makes one round trip at a time), so none waits for a connection.
+    #: Smaller: round trips past it wait their turn, within ``timeout_s``.
+    max_connections: int | None = Field(default=None, ge=1)
 
 
 #: Idempotency keys are kept at least this long outside development (issue: 24 hours).
@@ -160,6 +169,71 @@ class BrokerLink(ConfigModel):
     refresh_s: float = Field(default=30.0, gt=0)
 
 
+#: Public-key signatures only: a JWKS publishes verification keys, and an HMAC token "verified"
+#: with a published key as its secret could be forged by anyone who read the JWKS.
+ISSUER_ALGORITHMS: Final = (
+    "RS256",
+    "RS384",
+    "RS512",
+    "PS256",
+    "PS384",
+    "PS512",
+    "ES256",
+    "ES384",
+    "ES512",
+    "EdDSA",
+)
+
+
+class IssuerSection(ConfigModel):
+    """``[issuer]``: agent identities from an identity provider, as JWTs its JWKS verifies.
+
+    A bearer token that is not in the token table and is a JWT from this issuer is verified
+    (``haltwire.gateway.issuer``); the identity is named by its claims, and counts, stops and
+    leases apply to it as to a configured identity with that agent id, tenant and version.
+    """
+
+    #: The issuer's identifier: a token's ``iss`` must be exactly this.
+    iss: str = Field(min_length=1)
+    jwks_url: str = Field(min_length=1)
+    #: A token's ``aud`` must name this gateway (the MCP authorization spec's audience binding).
+    audience: str = Field(min_length=1)
+    algorithms: list[str] = Field(default_factory=lambda: ["RS256", "ES256", "EdDSA"], min_length=1)
+    agent_claim: str = Field(default="sub", min_length=1)
+    #: Absent: every identity from the issuer is of tenant ``default`` (version ``0``).
+    tenant_claim: str | None = Field(default=None, min_length=1)
+    version_claim: str | None = Field(default=None, min_length=1)
+    #: How long fetched keys are trusted; past it they are fetched again before any is used.
+    keys_ttl_s: float = Field(default=300.0, gt=0)
+    #: An unknown key id refetches the JWKS at most this often; a failed fetch waits as long.
+    refresh_s: float = Field(default=30.0, gt=0)
+    #: One fetch of the JWKS.
+    timeout_s: float = Field(default=5.0, gt=0)
+    refuse_at: RefuseAt = "tool"
+    #: As an identity's ``lease``: unset, required whenever the gateway has ``[leases]``.
+    lease: Literal["optional", "required"] | None = None
+    #: Limits of every identity from the issuer (each counts on its own), over ``[limits]``.
+    limits: LimitsOverride = Field(default_factory=LimitsOverride)
+
+    @field_validator("algorithms")
+    @classmethod
+    def _public_key_algorithms(cls, algorithms: list[str]) -> list[str]:
+        for alg in algorithms:
+            if alg not in ISSUER_ALGORITHMS:
+                raise ValueError(
+                    f"{alg!r} is not a public-key signature algorithm a JWKS can verify; use "
+                    + ", ".join(ISSUER_ALGORITHMS)
+                )
+        return algorithms
+
+    @field_validator("jwks_url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
+            raise ValueError("must be an http:// or https:// URL")
+        return url
+
+
 class IntentsSection(ConfigModel):
     """``[intents]``: calls to irreversible tools become intents for the executor (two-step).
 
@@ -180,6 +254,8 @@ class GatewayConfig(ConfigModel):
     leases: LeaseKeysSection | None = None
     #: Run credentials accepted as bearer tokens; absent: only the token table's tokens are.
     broker: BrokerLink | None = None
+    #: Agent identities from an identity provider; absent: only the token table's (and broker's).
+    issuer: IssuerSection | None = None
     limits: Limits = Field(default_factory=Limits)
     labels: LabelsSection = Field(default_factory=LabelsSection)
     intents: IntentsSection = Field(default_factory=IntentsSection)
@@ -192,12 +268,26 @@ class GatewayConfig(ConfigModel):
         """Whether irreversible calls become intents (``[intents] enabled``, by default with ``[control]``)."""
         return self.control is not None if self.intents.enabled is None else self.intents.enabled
 
+    @field_validator("identities")
+    @classmethod
+    def _one_identity_per_token(cls, identities: list[IdentityConfig]) -> list[IdentityConfig]:
+        # Several versions (and tenants) of one agent id are identities of their own; a token
+        # names exactly one of them (a dict keyed by its hash let the last win), and each
+        # identity has one entry (its limits and lease policy are that entry's).
+        tokens: dict[str, int] = {}
+        keys: dict[tuple[str, str, str], int] = {}
+        for n, i in enumerate(identities):
+            if (first := tokens.setdefault(i.digest, n)) != n:
+                raise ValueError(f"[{first}] and [{n}] have the same token; a token names one identity")
+            if (first := keys.setdefault((i.agent, i.tenant, i.version), n)) != n:
+                raise ValueError(
+                    f"[{first}] and [{n}] are both agent {i.agent} version {i.version} of tenant {i.tenant}; "
+                    "give each identity one entry"
+                )
+        return identities
+
     @model_validator(mode="after")
     def _consistent(self) -> GatewayConfig:
-        agents = [i.agent for i in self.identities]
-        dupes = sorted({a for a in agents if agents.count(a) > 1})
-        if dupes:
-            raise ValueError(f"identities: agent ids must be unique, repeated: {', '.join(dupes)}")
         names = [u.name for u in self.upstreams]
         if len(set(names)) != len(names):
             raise ValueError("upstreams: names must be unique")
@@ -233,6 +323,8 @@ class GatewayConfig(ConfigModel):
         if self.broker is not None and self.control is None:
             # A credential is revoked by stops: a gateway that does not follow them cannot tell.
             raise ValueError("broker: accepting run credentials needs [control] (its stops revoke them)")
+        if self.issuer is not None:
+            self._check_issuer(self.issuer)
         required = [i.agent for i in self.identities if i.lease == "required"]
         if required and self.leases is None:
             raise ValueError(
@@ -249,6 +341,21 @@ class GatewayConfig(ConfigModel):
             raise ValueError("intents.enabled needs [control]: intents are recorded in the control plane")
         return self
 
+    def _check_issuer(self, issuer: IssuerSection) -> None:
+        if not self.gateway.development and urlsplit(issuer.jwks_url).scheme != "https":
+            raise ValueError(
+                "issuer.jwks_url: keys fetched over plain http could be replaced on the way; use https "
+                "(plain http only with gateway.development = true)"
+            )
+        if self.broker is not None and issuer.iss == CREDENTIAL_ISSUER:
+            raise ValueError(
+                f"issuer.iss: {CREDENTIAL_ISSUER!r} names the broker's credentials; use the issuer's own"
+            )
+        if issuer.lease == "required" and self.leases is None:
+            raise ValueError(
+                "issuer.lease: a lease is required, but there is no [leases] section to verify one with"
+            )
+
     def _deadlines(self) -> list[float]:
         # A call's deadline is the smaller of its limits' and its label's; both lists are
         # included, which errs on the long side (a slot outliving its call is harmless).
@@ -260,11 +367,18 @@ class GatewayConfig(ConfigModel):
             lb.irreversible_deadline_s,
         ]
         overrides = [self.limits, *(i.limits for i in self.identities)]
+        if self.issuer is not None:
+            overrides.append(self.issuer.limits)
         for o in overrides:
             if o.deadline_s is not None:
                 out.append(o.deadline_s)
             out.extend(t.deadline_s for t in o.tools.values() if t.deadline_s is not None)
         return out
+
+    def lease_optional(self) -> list[IdentityKey]:
+        """The identities whose tool calls may go without a lease (``lease = "optional"``); with
+        ``[leases]``, every other identity's must present one (issue 12)."""
+        return [i.identity().key for i in self.identities if i.lease == "optional"]
 
     def token_table(self) -> TokenTable:
         return TokenTable({i.digest: i.identity() for i in self.identities})

@@ -43,7 +43,7 @@ class CredentialEdge:
     ) -> None:
         self.keys = keys
         self.audience = audience
-        self._by_agent = {i.agent: i for i in identities}
+        self._by_key = {i.key: i for i in identities}
         self._clock = clock
 
     async def resolve(self, token: str) -> tuple[Identity, LeaseClaims] | Refusal:
@@ -53,8 +53,8 @@ class CredentialEdge:
             return refusal.unauthenticated(exc.message)
         if self._clock() >= claims.expires_at:  # no leeway, as for leases
             return refusal.unauthenticated(f"the credential for run {claims.run} has expired")
-        identity = self._by_agent.get(claims.agent)
-        if identity is None or (identity.tenant, identity.version) != (claims.tenant, claims.version):
+        identity = self._by_key.get((claims.agent, claims.tenant, claims.version))
+        if identity is None:
             return refusal.unauthenticated(
                 f"no identity here is agent {claims.agent} of that tenant and version"
             )

@@ -2,9 +2,11 @@
 
 Every call to a bounded tool carries a key: the client's, in
 ``_meta["io.haltwire/idempotency_key"]`` (a string of 1 to 255 characters), else one the
-gateway derives from (agent, run, tool, arguments), so the same call repeated in the same
-run is the same operation. Keys are scoped per identity (two agents never collide), and the
-key used is returned in the result's ``_meta`` and forwarded to the upstream in the call's.
+gateway derives from (agent, tenant, run, tool, arguments), so the same call repeated in the same
+run is the same operation. Keys are scoped per agent within its tenant (``Identity.owner``: two
+agents, or one agent id in two tenants, never collide; its versions share them, so a repeat
+after a switch of version is still answered once), and the key used is returned in the
+result's ``_meta`` and forwarded to the upstream in the call's.
 
 - first use: the call is made; its answer (a result, an error result, or a
   ``deadline_exceeded`` refusal) is recorded and the key is held ``ttl_s``;
@@ -36,6 +38,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
 from haltwire import refusal
+from haltwire.identity import Identity
 from haltwire.meta import KEY_META, REPLAYED_META
 from haltwire.refusal import Refusal
 from haltwire.store.idempotency import Conflict, IdempotencyStore, IdempotencyUnavailable, InFlight, Recorded
@@ -60,9 +63,12 @@ def _canonical(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def derived_key(agent: str, run: str | None, tool: str, arguments: dict[str, Any] | None) -> str:
-    """The key of a call that brought none: the same call in the same run is the same operation."""
-    return hashlib.sha256(_canonical([agent, run or "", tool, arguments or {}])).hexdigest()
+def derived_key(
+    agent: str, tenant: str, run: str | None, tool: str, arguments: dict[str, Any] | None
+) -> str:
+    """The key of a call that brought none: the same call in the same run is the same operation.
+    The tenant is in it because the upstream sees every tenant's keys through one credential."""
+    return hashlib.sha256(_canonical([agent, tenant, run or "", tool, arguments or {}])).hexdigest()
 
 
 def fingerprint(tool: str, arguments: dict[str, Any] | None) -> str:
@@ -103,6 +109,12 @@ def _decode(text: str) -> dict[str, Any] | Refusal:
     return Refusal.from_error(recorded["refusal"])
 
 
+#: Refusals ``forward`` answers without reaching the upstream: unreachable (its refusal asks for
+#: the call again), or a stop that came while the call was admitted (``inflight.InFlight.start``;
+#: a bounded call already at its upstream is never cut, so these come only from that check).
+_NOT_REACHED: Final = frozenset({"upstream_unavailable", "stopped", "lease_invalid"})
+
+
 class Idempotency:
     def __init__(self, store: IdempotencyStore, ttl_s: float, *, clock: Clock = time.time) -> None:
         self.store = store
@@ -111,7 +123,7 @@ class Idempotency:
 
     async def call(
         self,
-        agent: str,
+        identity: Identity,
         run: str | None,
         tool: str,
         arguments: dict[str, Any] | None,
@@ -121,9 +133,9 @@ class Idempotency:
         """The call's answer: made once through ``forward``, or from the key's record."""
         key = client_key(meta)
         if key is None:
-            key = derived_key(agent, run, tool, arguments)
+            key = derived_key(identity.agent, identity.tenant, run, tool, arguments)
         # The digest keeps store keys short and colon-free whatever the client's key holds.
-        scope_key = f"{agent}:{hashlib.sha256(key.encode()).hexdigest()}"
+        scope_key = f"{identity.owner}:{hashlib.sha256(key.encode()).hexdigest()}"
         tag = {KEY_META: key}
         try:
             begun = await self.store.begin(scope_key, fingerprint(tool, arguments), self._clock(), self.ttl_s)
@@ -149,8 +161,8 @@ class Idempotency:
                 free = True  # the upstream answered a JSON-RPC error: nothing was done
                 raise
             if isinstance(answer, Refusal):
-                if answer.code == "upstream_unavailable":
-                    free = True  # not reached; its refusal asks for the call again
+                if answer.code in _NOT_REACHED:
+                    free = True  # the upstream was not reached: nothing to record
                     return _refusal_with_meta(answer, tag)
                 recorded = _encode(answer)
                 return _refusal_with_meta(answer, tag)
@@ -168,4 +180,4 @@ class Idempotency:
                         else:
                             await self.store.release(scope_key)
                     except IdempotencyUnavailable as exc:
-                        log.warning("could not record the outcome of key %s of %s (%s)", key, agent, exc)
+                        log.warning("could not record the outcome of key %s of %s (%s)", key, identity.owner, exc)

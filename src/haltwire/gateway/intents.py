@@ -126,7 +126,7 @@ class IntentDesk:
         """
         key = client_key(meta)
         if key is None:
-            key = derived_key(identity.agent, run, exposed, arguments)
+            key = derived_key(identity.agent, identity.tenant, run, exposed, arguments)
         tag = {KEY_META: key}
         body = {
             "run_id": run,
@@ -182,7 +182,7 @@ class IntentDesk:
             if not isinstance(answer, dict):
                 return refusal.registry_unreachable()
             return refusal.intent_unreadable(intent_id)
-        if answer.get("agent") != identity.agent:
+        if (answer.get("agent"), answer.get("tenant")) != (identity.agent, identity.tenant):
             # Same answer shape as the control plane's own check for agent callers.
             return refusal.intent_forbidden(intent_id, identity.agent)
         shown = {k: answer.get(k) for k in _STATUS_SHOWN}

@@ -6,9 +6,12 @@ clock (never the runtime's), binds it to the calling identity, and from then on 
 call's run: stops on ``run:ID`` apply, the fencing generation is checked against the stops
 this gateway follows, and the run's step budget counts it.
 
-A call without a token is served as before (no run), unless its identity is configured
-with ``lease = "required"``. Every refusal here is terminal: a runtime whose lease is
-gone must stop, not retry.
+A call without a token has no run, so nothing of a run (its stops, its fence, its step budget,
+its intent limits) could apply to it: it is refused ``lease_invalid``, unless its identity is in
+``optional`` (its config says ``lease = "optional"``, the explicit opt-out), and then served in
+no run. The list names the exceptions, not the rule, so an identity the gateway learns of
+elsewhere than its config table must present a lease too (fail closed). Every refusal here is
+terminal: a runtime whose lease is gone must stop, not retry.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final
 
 from haltwire import refusal
-from haltwire.identity import Identity
+from haltwire.identity import Identity, IdentityKey
 from haltwire.meta import LEASE_META, RUN_META
 from haltwire.refusal import Refusal
 from haltwire.tokens import LeaseClaims, LeaseKeys, LeaseTokenError
@@ -34,23 +37,26 @@ def without_lease(meta: dict[str, Any]) -> dict[str, Any] | None:
 
 
 class LeaseCheck:
-    """Verifies the lease of one call. ``required`` names the identities that must present one."""
+    """Verifies the lease of one call. ``optional``: the identities (``Identity.key``) that may call without one."""
 
     def __init__(
         self,
         keys: LeaseKeys,
-        required: Collection[str] = (),
+        optional: Collection[IdentityKey] = (),
         *,
         clock: Callable[[], float] = time.time,
+        issued_optional: bool = False,
     ) -> None:
         self.keys = keys
-        self.required = frozenset(required)
+        self.optional = frozenset(optional)
+        #: Whether identities from the ``[issuer]`` may call without one (``[issuer] lease``).
+        self.issued_optional = issued_optional
         self._clock = clock
 
     def check(
         self, identity: Identity, meta: Mapping[str, Any] | None, header: str | None
     ) -> LeaseClaims | Refusal | None:
-        """The lease's claims, the refusal for this call, or None (no lease, none required)."""
+        """The lease's claims, the refusal for this call, or None (no lease, and none needed)."""
         token: object = None
         claimed_run: object = None
         if meta:
@@ -59,8 +65,9 @@ class LeaseCheck:
         if token is None:
             token = header
         if token is None:
-            if identity.agent in self.required:
-                return refusal.lease_invalid("this identity must present a lease")
+            optional = self.issued_optional if identity.issuer is not None else identity.key in self.optional
+            if not optional:
+                return refusal.lease_missing(identity.agent)
             return None
         if not isinstance(token, str) or not token:
             return refusal.lease_invalid("the lease token is empty or not a string")

@@ -12,10 +12,17 @@ checked after admission so that a refused call consumes no key. A call to an irr
 never reaches the upstream: after admission it is recorded as an intent for the executor
 (``haltwire.gateway.intents``). The gateway's own ``haltwire_intent`` tool takes the same
 pipeline (kill switch, lease, stops, ceilings), then is answered here, not upstream.
+
+A stop also reaches calls already past its check: just before a call reaches its upstream it is
+registered as in flight (``haltwire.gateway.inflight``), after one more look at the stops
+(admission may have waited on Redis), and a stop applied while it runs cuts it if its tool is
+cancellable (the agent gets ``stopped``) or lets it finish under its deadline if bounded or
+irreversible; either way its outcome goes to the control plane for the run report.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -27,9 +34,11 @@ from mcp_types import INVALID_PARAMS
 from haltwire import refusal
 from haltwire.gateway.ceilings import Ceilings
 from haltwire.gateway.idempotency import Idempotency
+from haltwire.gateway.inflight import InFlight
 from haltwire.gateway.intents import INTENT_TOOL, IntentDesk
 from haltwire.gateway.killswitch import SuspensionFile
 from haltwire.gateway.leases import LeaseCheck, without_lease
+from haltwire.gateway.outcomes import Outcome
 from haltwire.gateway.stops import stop_refusal
 from haltwire.identity import Identity
 from haltwire.meta import LEASE_META
@@ -60,8 +69,11 @@ class Gateway:
         leases: LeaseCheck | None = None,
         idempotency: Idempotency | None = None,
         intents: IntentDesk | None = None,
+        inflight: InFlight | None = None,
     ) -> None:
         self.upstreams = upstreams
+        #: Calls in flight, for new stops to reach (with ``[control]``); None: no stop reaches them.
+        self.inflight = inflight
         #: Irreversible calls become intents; None: they are forwarded like any other.
         self.intents = intents
         #: Idempotency keys for bounded tools; None: every call is forwarded as it comes.
@@ -142,10 +154,14 @@ class Gateway:
                 idempotency = self.idempotency
 
                 async def forward(keyed: dict[str, Any] | None) -> dict[str, Any] | Refusal:
-                    return await self._forward(route, name, arguments, keyed, progress, ticket.deadline_s)
+                    return await self._forward(
+                        identity, lease, route, name, arguments, keyed, progress, ticket.deadline_s
+                    )
 
-                return await idempotency.call(identity.agent, run, name, arguments, meta, forward)
-            return await self._forward(route, name, arguments, meta, progress, ticket.deadline_s)
+                return await idempotency.call(identity, run, name, arguments, meta, forward)
+            return await self._forward(
+                identity, lease, route, name, arguments, meta, progress, ticket.deadline_s
+            )
         finally:
             # Shielded: a cancelled call (client gone) must still give its slot back.
             with anyio.move_on_after(RELEASE_TIMEOUT_S, shield=True):
@@ -158,6 +174,8 @@ class Gateway:
 
     async def _forward(
         self,
+        identity: Identity,
+        lease: LeaseClaims | None,
         route: Route,
         name: str,
         arguments: dict[str, Any] | None,
@@ -165,15 +183,38 @@ class Gateway:
         progress: Progress | None,
         deadline_s: float,
     ) -> dict[str, Any] | Refusal:
+        inflight = self.inflight
+        call = None if inflight is None else inflight.start(identity, name, route.label, lease)
+        if isinstance(call, Refusal):
+            return call  # a stop since step 5b: nothing reached the upstream
+        # What the call ended as, should it end by an exception from outside (client gone).
+        outcome: Outcome = "abandoned"
         try:
-            # The deadline cancels the upstream request (its HTTP stream is closed), so the
-            # upstream sees the cancellation too.
-            with anyio.fail_after(deadline_s):
-                return await route.upstream.call_tool(route.tool, arguments, meta, progress)
+            # A stop that reaches a cancellable call in flight cancels ``call.scope``
+            # (``inflight.InFlight``); the deadline cancels the request too. Either way the
+            # upstream request is closed, so the upstream sees the cancellation.
+            with call.scope if call is not None else contextlib.nullcontext():
+                with anyio.fail_after(deadline_s):
+                    result = await route.upstream.call_tool(route.tool, arguments, meta, progress)
+                outcome = "failed" if result.get("isError") else "completed"
+                return result
+            # Only reached when a stop cancelled the scope: the agent is answered the stop.
+            assert call is not None and call.refusal is not None
+            outcome = "cancelled"
+            return call.refusal
         except TimeoutError:
+            outcome = "deadline_exceeded"
             # An irreversible call cut off here may have happened: its outcome is unknown.
             irreversible = route.label == "irreversible"
             return refusal.deadline_exceeded(name, deadline_s, irreversible=irreversible)
         except UpstreamUnavailable as exc:
+            outcome = "upstream_unavailable"
             log.warning("upstream unavailable: %s", exc)
             return refusal.upstream_unavailable(route.upstream.name)
+        except MCPError:
+            outcome = "failed"
+            raise
+        finally:
+            if call is not None:
+                assert inflight is not None
+                inflight.end(call, outcome)

@@ -25,6 +25,13 @@ def stop_refusal(watch: StopWatch, identity: Identity, tool: str, lease: LeaseCl
     """The refusal for this call, or None (see the module's docstring)."""
     if not watch.current():
         return refusal.registry_unreachable(watch.link.staleness_s)
+    return verdict_refusal(watch, identity, tool, lease)
+
+
+def verdict_refusal(
+    watch: StopWatch, identity: Identity, tool: str, lease: LeaseClaims | None
+) -> Refusal | None:
+    """Step 2 alone: whether the stops held stop this call (a call in flight is judged by it too)."""
     run = lease.run if lease is not None else None
     generation = lease.generation if lease is not None else None
     verdict = watch.stops.verdict(lambda: call_scopes(identity, tool, run), watch.clock(), generation)

@@ -1,7 +1,7 @@
 """The control plane's HTTP API: every route, its OpenAPI document, and ``create_app`` that serves them.
 
 A route parses its request, authorizes its caller by role, calls one rule of the control plane
-(``haltwire.control.stops``, ``runs``, ``credentials``, ``intents``, ``reports``) and writes its
+(``haltwire.control.stops``, ``runs``, ``credentials``, ``intents``, ``reports``, ``calls``) and writes its
 answer. Every write, and every refused write by a known caller, is audited by the rule. A
 failing store answers 503 with a JSON error (fail closed), never a traceback. FastAPI serves
 the routes and writes the document from them (``openapi.py``); it validates nothing
@@ -27,7 +27,7 @@ from starlette.routing import BaseRoute
 from haltwire.control.config import ControlConfig
 from haltwire.control.errors import Refused, unavailable
 from haltwire.control.plane import Plane
-from haltwire.control.routes import credentials, intents, openapi, reports, runs, stops
+from haltwire.control.routes import calls, credentials, intents, openapi, reports, runs, stops
 from haltwire.control.routes.wire import answer
 from haltwire.control.stores import Stores, open_stores
 from haltwire.store.registry import RegistryUnavailable
@@ -39,6 +39,7 @@ routes: list[BaseRoute] = [
     *credentials.routes,
     *intents.routes,
     *reports.routes,
+    *calls.routes,
 ]
 
 

@@ -1,7 +1,8 @@
 """The fields of the control plane's requests, bounded as ``haltwire.limits`` says.
 
-Each type is a ``str`` to the handlers, checked by pydantic as a body is parsed, and written
-into the OpenAPI document with its length and a pattern of the characters it takes. A value
+Each type is a ``str`` to the handlers (``Time`` a ``float``), checked by pydantic as a body is
+parsed, and written into the OpenAPI document with its length and a pattern of the characters it
+takes (a time with its range). A value
 past a limit is refused by what it breaks, never quoted (``wire.parse_body``).
 """
 
@@ -19,6 +20,7 @@ from haltwire.limits import (
     MAX_KEY_CHARS,
     MAX_NAME_CHARS,
     MAX_REASON_CHARS,
+    MAX_TIME_S,
     PRINTABLE_PATTERN,
     TEXT_PATTERN,
     has_control_characters,
@@ -74,3 +76,6 @@ Text = Annotated[
     Field(min_length=1, max_length=MAX_REASON_CHARS, json_schema_extra={"pattern": TEXT_PATTERN}),
     AfterValidator(_text),
 ]
+
+#: A time in Unix seconds: a finite number from 0 to ``MAX_TIME_S``.
+Time = Annotated[float, Field(ge=0, le=MAX_TIME_S, allow_inf_nan=False)]

@@ -93,6 +93,13 @@ class CredentialList(TypedDict):
     credentials: list[CredentialRecord]
 
 
+class CallsRecorded(TypedDict):
+    """``POST /v1/runs/{id}/calls``: calls recorded now, and calls recorded before (a repeat)."""
+
+    recorded: int
+    repeated: int
+
+
 def stop_json(stop: StopRecord) -> dict[str, Any]:
     return {**asdict(stop), "cleared": stop.cleared}
 
@@ -133,5 +140,6 @@ def report_json(report: RunReport) -> dict[str, Any]:
     for section in SECTIONS:
         out[section] = [intent_json(i) for i in getattr(report, section)]
     out["stops"] = [stop_json(s) for s in report.stops]
+    out["calls"] = [asdict(c) for c in report.calls]
     out["timeline"] = [asdict(t) for t in report.timeline]
     return out

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import anyio.abc
+
 
 class CountersUnavailable(Exception):
     """The store could not be reached or did not answer in time. Callers fail closed."""
@@ -57,7 +59,15 @@ class CounterStore(Protocol):
         ...
 
     async def release(self, slots: Sequence[SlotCounter], slot_id: str) -> None:
-        """Give back the slots ``admit`` took under ``slot_id``."""
+        """Give back the slots ``admit`` took under ``slot_id``.
+
+        A store that cannot give them back now either retries on its own (see ``start``) or
+        raises ``CountersUnavailable``.
+        """
+        ...
+
+    async def start(self, tg: anyio.abc.TaskGroup) -> None:
+        """Start the store's background work in ``tg`` (which owns it), if it has any."""
         ...
 
     async def aclose(self) -> None: ...

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import anyio.abc
+
 from haltwire.store.counters import ADMITTED, BudgetCounter, Decision, SlotCounter
 
 _SWEEP_EVERY = 4096
@@ -74,6 +76,9 @@ class MemoryCounters:
             held.discard(slot_id)
             if not held:
                 del self._slots[s.key]
+
+    async def start(self, tg: anyio.abc.TaskGroup) -> None:
+        return None  # nothing runs in the background: a release here cannot fail
 
     def in_flight(self, key: str) -> int:
         return len(self._slots.get(key, ()))

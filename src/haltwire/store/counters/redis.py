@@ -5,44 +5,41 @@ across every gateway: no two gateways can both take the last call of a budget. S
 members of a sorted set scored by their expiry, so a gateway that crashes while holding
 slots cannot hold them forever: the next admission drops expired members.
 
-Failure is loud: any error or timeout raises ``CountersUnavailable`` and the gateway
-refuses the call. There is no retry (a retried admission whose first reply was lost
-would count the call twice) and no fallback to counting in memory.
+Failure is loud: any error, or no answer within ``timeout_s`` (waiting for a pooled
+connection included), raises ``CountersUnavailable`` and the gateway refuses the call. An
+admission is never retried (a retried admission whose first reply was lost would count the
+call twice) and never falls back to counting in memory. A release is retried: removing a
+slot id twice is harmless, and a release lost to a transient failure would hold its slot
+until ``slot_ttl_s``. The retries run in a task the gateway starts (``start``); without it, a
+failed release raises and the slot expires by itself.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any
 
+import anyio
+import anyio.abc
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from haltwire.store.counters import ADMITTED, BudgetCounter, CountersUnavailable, Decision, SlotCounter
 from haltwire.store.lua import lua_script
+from haltwire.store.redis import MAX_CONNECTIONS, redis_client
+from haltwire.store.retry import Retries
+
+log = logging.getLogger("haltwire.store")
 
 # The scripts are .lua files beside this module (their contracts are at their tops).
 _ADMIT = lua_script(__package__, "admit.lua")
 _RELEASE = lua_script(__package__, "release.lua")
 
 
-def _no_maintenance_notifications() -> dict[str, Any]:
-    """Client options that turn redis-py's maintenance notifications off, where it has them.
-
-    Recent redis-py turns them on ("auto") over RESP3. With them on, the pool skips its check
-    for stale connections before handing one out, so after Redis restarts (or closes idle
-    clients) every pooled connection fails one admission; and during maintenance the socket
-    timeout is relaxed to 10 s, far past the admission timeout. Checking a connection before
-    use is safe (no command was sent on it), unlike retrying a command.
-    """
-    try:
-        from redis.maint_notifications import MaintNotificationsConfig
-    except ImportError:  # an older redis-py: nothing to turn off
-        return {}
-    return {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
+def _unavailable(exc: BaseException) -> CountersUnavailable:
+    return CountersUnavailable(str(exc) or type(exc).__name__)
 
 
 class RedisCounters:
@@ -53,20 +50,20 @@ class RedisCounters:
         prefix: str = "haltwire",
         slot_ttl_s: float = 300.0,
         timeout_s: float = 0.5,
+        max_connections: int = MAX_CONNECTIONS,
         client: aioredis.Redis | None = None,
     ) -> None:
+        """``client``: a client shared with other stores, closed by its owner, not here."""
         self._prefix = prefix
+        self._slot_ttl_s = slot_ttl_s
         self._slot_ttl_ms = max(1, round(slot_ttl_s * 1000))
-        self._redis = client or aioredis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            retry_on_timeout=False,
-            **_no_maintenance_notifications(),
-        )
+        self._timeout_s = timeout_s
+        self._owns_client = client is None
+        self._redis = client or redis_client(url, timeout_s=timeout_s, max_connections=max_connections)
         self._admit = self._redis.register_script(_ADMIT)
         self._release = self._redis.register_script(_RELEASE)
+        #: Releases that failed, retried until done or until their slots have expired.
+        self.releases = Retries("slot release")
         #: Round trips made, for the benchmark's "round trips per call" figure.
         self.round_trips = 0
 
@@ -75,6 +72,10 @@ class RedisCounters:
         # cluster slot and a multi-key script stays legal on Redis Cluster.
         agent, sep, rest = key.partition(":")
         return f"{self._prefix}:{{{agent}}}{sep}{rest}"
+
+    async def start(self, tg: anyio.abc.TaskGroup) -> None:
+        """Start retrying failed releases in ``tg``, which owns the task until it ends."""
+        await tg.start(self.releases.run)
 
     async def admit(
         self, budgets: Sequence[BudgetCounter], slots: Sequence[SlotCounter], slot_id: str, now: float
@@ -87,28 +88,56 @@ class RedisCounters:
         args += [s.limit for s in slots]
         try:
             self.round_trips += 1
-            kind, index = await self._admit(keys=keys, args=args)
-        except (RedisError, OSError) as exc:
-            raise CountersUnavailable(str(exc) or type(exc).__name__) from exc
+            with anyio.fail_after(self._timeout_s):
+                kind, index = await self._admit(keys=keys, args=args)
+        except (RedisError, OSError) as exc:  # (TimeoutError is an OSError)
+            raise _unavailable(exc) from exc
         if kind == 0:
             return ADMITTED
         return Decision(("budget" if kind == 1 else "slots", int(index) - 1))
 
     async def release(self, slots: Sequence[SlotCounter], slot_id: str) -> None:
+        """Give the slots back. A failed attempt is left to the retries, when they run;
+        otherwise it raises ``CountersUnavailable``."""
         if not slots:
             return
+        keys = [self._key(s.key) for s in slots]
+        try:
+            error = await self._release_once(keys, slot_id)
+        except BaseException:
+            # Cancelled (the caller's deadline, a shutdown): the retries finish the release.
+            self._retry(keys, slot_id, "cancelled")
+            raise
+        if error is not None and not self._retry(keys, slot_id, error):
+            raise CountersUnavailable(error)
+
+    async def _release_once(self, keys: list[str], slot_id: str) -> str | None:
+        """None once released, else what went wrong."""
         try:
             self.round_trips += 1
-            await self._release(keys=[self._key(s.key) for s in slots], args=[slot_id])
+            with anyio.fail_after(self._timeout_s):
+                await self._release(keys=keys, args=[slot_id])
         except (RedisError, OSError) as exc:
-            # The slot expires by itself after slot_ttl_s; nothing more to do here.
-            raise CountersUnavailable(str(exc) or type(exc).__name__) from exc
+            return str(exc) or type(exc).__name__
+        return None
+
+    def _retry(self, keys: list[str], slot_id: str, error: str) -> bool:
+        async def attempt() -> bool:
+            return await self._release_once(keys, slot_id) is None
+
+        # Past slot_ttl_s the slot has expired: nothing is left to release.
+        queued = self.releases.add(slot_id, attempt, self._slot_ttl_s)
+        if queued:
+            log.warning("the release of slot %s failed (%s); retrying", slot_id, error)
+        return queued
 
     async def ping(self) -> None:
         try:
-            await self._redis.ping()
+            with anyio.fail_after(self._timeout_s):
+                await self._redis.ping()
         except (RedisError, OSError) as exc:
-            raise CountersUnavailable(str(exc) or type(exc).__name__) from exc
+            raise _unavailable(exc) from exc
 
     async def aclose(self) -> None:
-        await self._redis.aclose()
+        if self._owns_client:
+            await self._redis.aclose()

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+import anyio.abc
+
 
 class IdempotencyUnavailable(Exception):
     """The store could not be reached or did not answer in time. Callers fail closed."""
@@ -63,6 +65,10 @@ class IdempotencyStore(Protocol):
 
     async def release(self, scope_key: str) -> None:
         """Free a key whose call certainly did not happen (nothing recorded yet)."""
+        ...
+
+    async def start(self, tg: anyio.abc.TaskGroup) -> None:
+        """Start the store's background work in ``tg`` (which owns it), if it has any."""
         ...
 
     async def aclose(self) -> None: ...

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import anyio.abc
+
 from haltwire.store.idempotency import CONFLICT, FRESH, IN_FLIGHT, Begun, Recorded
 
 _SWEEP_EVERY = 4096
@@ -57,6 +59,9 @@ class MemoryIdempotency:
 
     def __len__(self) -> int:
         return len(self._records)
+
+    async def start(self, tg: anyio.abc.TaskGroup) -> None:
+        return None  # nothing runs in the background
 
     async def aclose(self) -> None:
         return None

@@ -5,23 +5,33 @@ it is created, so a key is honoured by every gateway sharing the Redis server fo
 Redis keeps it. ``begin`` is one Lua script (``begin.lua``): the check and the claim are
 atomic across gateways, so two gateways cannot both get ``Fresh`` for one key.
 
-Failure is loud, as for the counters: any error or timeout raises ``IdempotencyUnavailable``
-and the call is refused, never made without the check. No retry: a retried ``begin`` whose
-first reply was lost would find its own claim and answer ``InFlight``.
+Failure is loud, as for the counters: any error, or no answer within ``timeout_s`` (waiting
+for a pooled connection included), raises ``IdempotencyUnavailable`` and the call is refused,
+never made without the check. ``begin`` is never retried: a retried ``begin`` whose first
+reply was lost would find its own claim and answer ``InFlight``. Nor is ``release``: once its
+lost reply had freed the key, another call may claim it, and a repeat would free that claim.
+``complete`` is retried (setting the same outcome again is harmless; a lost one would leave the
+key in flight, every repeat refused ``outcome_unknown``), in a task the gateway starts.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+from typing import Any
 
+import anyio
+import anyio.abc
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
-from haltwire.store.counters.redis import _no_maintenance_notifications
 from haltwire.store.idempotency import CONFLICT, FRESH, IN_FLIGHT, Begun, IdempotencyUnavailable, Recorded
 from haltwire.store.lua import lua_script
+from haltwire.store.redis import MAX_CONNECTIONS, redis_client
+from haltwire.store.retry import Retries
+
+log = logging.getLogger("haltwire.store")
 
 # The scripts are .lua files beside this module (their contracts are at their tops).
 _BEGIN = lua_script(__package__, "begin.lua")
@@ -36,17 +46,19 @@ class RedisIdempotency:
         *,
         prefix: str = "haltwire",
         timeout_s: float = 0.5,
+        max_connections: int = MAX_CONNECTIONS,
+        retry_for_s: float = 86400.0,
         client: aioredis.Redis | None = None,
     ) -> None:
+        """``retry_for_s``: how long a failed ``complete`` is retried (the records' ``ttl_s``:
+        past it the record is gone). ``client``: shared, closed by its owner, not here."""
         self._prefix = prefix
-        self._redis = client or aioredis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            retry_on_timeout=False,
-            **_no_maintenance_notifications(),
-        )
+        self._timeout_s = timeout_s
+        self._retry_for_s = retry_for_s
+        self._owns_client = client is None
+        self._redis = client or redis_client(url, timeout_s=timeout_s, max_connections=max_connections)
+        #: Outcomes that could not be recorded at once, retried.
+        self.completions = Retries("outcome record")
         self._begin = self._redis.register_script(_BEGIN)
         self._complete = self._redis.register_script(_COMPLETE)
         self._release = self._redis.register_script(_RELEASE)
@@ -57,13 +69,20 @@ class RedisIdempotency:
         agent, _, digest = scope_key.rpartition(":")
         return f"{self._prefix}:{{{agent}}}:i:{digest}"
 
-    async def begin(self, scope_key: str, fingerprint: str, now: float, ttl_s: float) -> Begun:
+    async def start(self, tg: anyio.abc.TaskGroup) -> None:
+        """Start retrying failed ``complete`` calls in ``tg``, which owns the task until it ends."""
+        await tg.start(self.completions.run)
+
+    async def _run(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
         try:
-            reply = await self._begin(
-                keys=[self._key(scope_key)], args=[fingerprint, max(1, math.ceil(ttl_s * 1000))]
-            )
-        except (RedisError, OSError) as exc:
+            with anyio.fail_after(self._timeout_s):
+                return await script(keys=keys, args=args)
+        except (RedisError, OSError) as exc:  # (TimeoutError is an OSError)
             raise IdempotencyUnavailable(str(exc) or type(exc).__name__) from exc
+
+    async def begin(self, scope_key: str, fingerprint: str, now: float, ttl_s: float) -> Begun:
+        ttl_ms = max(1, math.ceil(ttl_s * 1000))
+        reply = await self._run(self._begin, [self._key(scope_key)], [fingerprint, ttl_ms])
         kind = int(reply[0])
         if kind == 0:
             return FRESH
@@ -73,16 +92,29 @@ class RedisIdempotency:
         return IN_FLIGHT if kind == 2 else CONFLICT
 
     async def complete(self, scope_key: str, outcome: str) -> None:
+        """Record the outcome; a failed attempt is left to the retries when they run."""
+        keys = [self._key(scope_key)]
+
+        async def attempt() -> bool:
+            try:
+                await self._run(self._complete, keys, [outcome])
+            except IdempotencyUnavailable:
+                return False
+            return True
+
         try:
-            await self._complete(keys=[self._key(scope_key)], args=[outcome])
-        except (RedisError, OSError) as exc:
-            raise IdempotencyUnavailable(str(exc) or type(exc).__name__) from exc
+            await self._run(self._complete, keys, [outcome])
+        except IdempotencyUnavailable as exc:
+            if not self.completions.add(scope_key, attempt, self._retry_for_s):
+                raise
+            log.warning("recording the outcome of %s failed (%s); retrying", scope_key, exc)
+        except BaseException:
+            self.completions.add(scope_key, attempt, self._retry_for_s)  # cancelled: retried
+            raise
 
     async def release(self, scope_key: str) -> None:
-        try:
-            await self._release(keys=[self._key(scope_key)], args=[])
-        except (RedisError, OSError) as exc:
-            raise IdempotencyUnavailable(str(exc) or type(exc).__name__) from exc
+        await self._run(self._release, [self._key(scope_key)], [])
 
     async def aclose(self) -> None:
-        await self._redis.aclose()
+        if self._owns_client:
+            await self._redis.aclose()

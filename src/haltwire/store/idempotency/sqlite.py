@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
+import anyio.abc
 
 from haltwire.store.idempotency import CONFLICT, FRESH, IN_FLIGHT, Begun, IdempotencyUnavailable, Recorded
 from haltwire.store.registry import RegistryUnavailable
@@ -83,6 +84,9 @@ class SqliteIdempotency:
         with _unavailable():
             async with (await self._opened()).write() as tx:
                 await tx.execute(_RELEASE, (scope_key,))
+
+    async def start(self, tg: anyio.abc.TaskGroup) -> None:
+        return None  # nothing runs in the background
 
     async def aclose(self) -> None:
         if self._db is not None:
