@@ -37,6 +37,10 @@ def _gateway(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     host = args.host or config.gateway.host
     port = args.port if args.port is not None else config.gateway.port
+    # The bind host is a name the gateway is served under (haltwire.gateway.hosts).
+    config = config.model_copy(
+        update={"gateway": config.gateway.model_copy(update={"host": host, "port": port})}
+    )
     try:
         app = create_app(config)
     except ConfigError as exc:  # control.token_env names an unset variable

@@ -16,6 +16,7 @@ from haltwire.gateway.app import GatewayApp
 from haltwire.gateway.ceilings import Ceilings, Clock
 from haltwire.gateway.config import GatewayConfig, load_config, parse_config
 from haltwire.gateway.credentials import CredentialEdge
+from haltwire.gateway.hosts import HostCheck
 from haltwire.gateway.idempotency import Idempotency
 from haltwire.gateway.identities import Identities
 from haltwire.gateway.inflight import InFlight
@@ -170,6 +171,7 @@ def create_app(
         max_body_bytes=config.gateway.max_body_bytes,
         version=__version__,
         on_startup=startup,
+        hosts=HostCheck(config.gateway.allowed_hosts, config.gateway.allowed_origins, config.gateway.host),
     )
 
 

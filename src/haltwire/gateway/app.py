@@ -1,6 +1,9 @@
 """The gateway's ASGI application: the HTTP edge, and the fast path for ``tools/call``.
 
-Every request to ``/mcp`` passes the edge first:
+Every request but ``/healthz`` names the gateway first (``haltwire.gateway.hosts``): a ``Host``
+it is not served under gets 421, an ``Origin`` that may not call it 403 (DNS-rebinding
+protection, before anything else, whatever the method). Then every request to ``/mcp`` passes
+the edge:
 
 1. the bearer token resolves to an identity (``haltwire.gateway.identities``), or the answer is 401;
 2. an identity suspended at the edge gets 403;
@@ -44,6 +47,7 @@ from starlette.types import Message, Receive, Scope, Send
 from haltwire import refusal
 from haltwire.errors import unwrapped
 from haltwire.gateway.credentials import CREDENTIAL_STATE_KEY
+from haltwire.gateway.hosts import HostCheck
 from haltwire.gateway.identities import Identities
 from haltwire.gateway.proxy import Gateway
 from haltwire.gateway.server import IDENTITY_STATE_KEY, build_server
@@ -158,8 +162,11 @@ class GatewayApp:
         max_body_bytes: int = 1_048_576,
         version: str = "0",
         on_startup: Callable[[AsyncExitStack], Awaitable[None]] | None = None,
+        hosts: HostCheck | None = None,
     ) -> None:
         self.gateway = gateway
+        #: The Host and Origin values served; by default loopback names only.
+        self.hosts = hosts if hosts is not None else HostCheck((), (), "127.0.0.1")
         #: Bearer token to identity: the token table, and an issuer's or the broker's JWTs.
         self.identities = identities
         self.max_body_bytes = max_body_bytes
@@ -170,9 +177,8 @@ class GatewayApp:
             app=build_server(gateway, version),
             stateless=True,
             json_response=False,
-            # Callers are authenticated by bearer token at the edge; Host/Origin checks
-            # (DNS-rebinding protection for unauthenticated local servers) would only
-            # refuse gateways reached by another name.
+            # Host and Origin are checked before the SDK sees a request (``self.hosts``), for
+            # the fast path too, against the gateway's own allow-lists.
             security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
             max_request_body_size=max_body_bytes,
         )
@@ -185,7 +191,12 @@ class GatewayApp:
             return
         path = scope["path"].rstrip("/")
         if path == "/healthz":
+            # Probed by address (load balancers, orchestrators); it says nothing but "up".
             await _respond(send, 200, b'{"ok":true}')
+            return
+        refused = self.hosts.refusal(scope["headers"])
+        if refused is not None:
+            await _respond(send, *refused)
             return
         if path != "/mcp":
             await _respond(

@@ -7,10 +7,10 @@ pydantic models below; ``docs/configuration.md`` describes every key.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, Final, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from haltwire.config import (
     BearerToken,
@@ -24,6 +24,7 @@ from haltwire.config import (
     validate_config,
 )
 from haltwire.credentials import ISSUER as CREDENTIAL_ISSUER
+from haltwire.gateway.hosts import host_entry, origin_entry
 from haltwire.identity import Identity, IdentityKey, RefuseAt, TokenTable
 from haltwire.listener import ListenerLimits
 
@@ -88,6 +89,12 @@ class GatewaySection(ConfigModel):
     suspended_file: Path | None = None
     #: ``please-try-again`` exists only to show the seed's failure mode in ``haltwire demo loop``.
     refusal_style: Literal["terminal", "please-try-again"] = "terminal"
+    #: Host values served besides loopback names and ``host`` (``haltwire.gateway.hosts``): the
+    #: names clients reach this gateway by, ``NAME``, ``NAME:PORT`` or ``NAME:*``; others get 421.
+    allowed_hosts: list[Annotated[str, AfterValidator(host_entry)]] = Field(default_factory=list)
+    #: Origins of web pages allowed to call it besides its own and loopback pages
+    #: (``SCHEME://NAME[:PORT]``, the port may be ``*``); others get 403, no Origin passes.
+    allowed_origins: list[Annotated[str, AfterValidator(origin_entry)]] = Field(default_factory=list)
 
 
 class LabelsSection(ConfigModel):
