@@ -26,7 +26,7 @@ EXIT_USAGE = 2
 
 
 def _gateway(args: argparse.Namespace) -> int:
-    from haltwire.gateway import ControlUnreachable, UpstreamError, create_app, redis_pool_size
+    from haltwire.gateway import ControlUnreachable, UpstreamError, WrongRole, create_app, redis_pool_size
     from haltwire.listener import check_descriptors
     from haltwire.serve import CannotListen, listen, serve_forever
 
@@ -54,7 +54,7 @@ def _gateway(args: argparse.Namespace) -> int:
         async with AsyncExitStack() as stack:
             try:
                 await app.start(stack)
-            except (UpstreamError, ControlUnreachable) as exc:
+            except (UpstreamError, ControlUnreachable, WrongRole) as exc:
                 print(f"haltwire gateway: {exc}", file=sys.stderr)
                 return EXIT_USAGE
             names = ", ".join(u.name for u in config.upstreams)
@@ -74,7 +74,7 @@ def _gateway(args: argparse.Namespace) -> int:
 
 
 def _executor(args: argparse.Namespace) -> int:
-    from haltwire.executor import ExecutorMisconfigured, UpstreamError, run_executor
+    from haltwire.executor import ExecutorMisconfigured, UpstreamError, WrongRole, run_executor
 
     try:
         config = load_config(args.config)
@@ -104,7 +104,7 @@ def _executor(args: argparse.Namespace) -> int:
         anyio.run(run)
     except KeyboardInterrupt:
         return 0
-    except (UpstreamError, ExecutorMisconfigured) as exc:
+    except (UpstreamError, ExecutorMisconfigured, WrongRole) as exc:
         print(f"haltwire executor: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return 0
