@@ -134,6 +134,11 @@ class Gateway:
     def healthz(self) -> str:
         return f"http://127.0.0.1:{self.port}/healthz"
 
+    @property
+    def readyz(self) -> str:
+        """200 once its upstream is connected (``/healthz`` answers while it starts)."""
+        return f"http://127.0.0.1:{self.port}/readyz"
+
 
 def write_config(
     path: Path,

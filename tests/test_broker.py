@@ -202,13 +202,17 @@ async def test_a_run_gets_a_credential_the_jwks_verifies(tmp_path: Path, store: 
         ) == 4  # agent-2, payroll, operator, bad body
 
 
-async def test_without_a_broker_the_credential_endpoints_answer_501(tmp_path: Path) -> None:
+async def test_without_a_broker_the_credential_endpoints_answer_501_and_no_keys_are_published(
+    tmp_path: Path,
+) -> None:
     async with plane({"backend": "sqlite", "path": str(tmp_path / "c.db")}, None) as client:
         await register(client, run_id="r-1")
         r = await credential(client, "r-1")
         assert (r.status_code, code_of(r)) == (501, "broker_not_configured")
+        # Not a server error: the feature is off, and the keys are not there (issue 12, point 7).
         r = await client.get("/.well-known/jwks.json")
-        assert (r.status_code, code_of(r)) == (501, "broker_not_configured")
+        assert (r.status_code, code_of(r)) == (404, "broker_not_configured")
+        assert r.json()["error"]["retryable"] is False and "[broker]" in r.json()["error"]["message"]
         # The map still answers (empty): an operator can read it after the broker is removed.
         r = await client.get("/v1/runs/r-1/credentials", headers=auth("operator"))
         assert r.json() == {"credentials": []}
@@ -518,7 +522,7 @@ async def test_broker_responses_match_the_openapi_document(tmp_path: Path) -> No
         r = await credential(client, "r-1")
         assert r.status_code == 501 and conforms(r, "post", issue_path)
         r = await client.get(jwks_path)
-        assert r.status_code == 501 and conforms(r, "get", jwks_path)
+        assert r.status_code == 404 and conforms(r, "get", jwks_path)
 
 
 # -- the gateway accepts broker credentials as bearer tokens -----------------------------------

@@ -27,6 +27,7 @@ ALLOWED: dict[str, set[str | None]] = {
     "verify": {"operator", "viewer"},
     "watch": {"operator", "gateway", "executor", "viewer", "agent"},
     "healthz": {*ROLES, None},
+    "whoami": set(ROLES),
 }
 
 
@@ -46,6 +47,7 @@ async def call(client: httpx2.AsyncClient, endpoint: str, role: str | None) -> i
             "audit": "/v1/audit",
             "verify": "/v1/audit/verify",
             "healthz": "/healthz",
+            "whoami": "/v1/whoami",
         }
         r = await client.get(path[endpoint], headers=headers)
     return r.status_code

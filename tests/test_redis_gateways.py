@@ -216,7 +216,7 @@ def fleet_run(module_procs: Processes) -> Iterator[dict[str, PhaseResult]]:
                 procs.spawn(gw.name, [*HALTWIRE, "gateway", "--config", str(gw.config)])
                 gateways.append(gw)
         for gw in gateways:
-            wait_ready(procs, gw.name, gw.healthz)
+            wait_ready(procs, gw.name, gw.readyz)
         if read_line(clients, START_TIMEOUT_S) != "imported":
             pytest.fail(f"the clients did not start:\n{procs.log_tail('clients')}")
 
@@ -329,7 +329,7 @@ async def test_while_redis_is_down_every_call_is_refused_and_none_is_served_then
         extra_limits="max_in_flight = 20",
     )
     for gw in gateways:
-        await anyio.to_thread.run_sync(wait_ready, procs, gw.name, gw.healthz)
+        await anyio.to_thread.run_sync(wait_ready, procs, gw.name, gw.readyz)
 
     raw = redis.Redis.from_url(server.url, socket_timeout=1)
 

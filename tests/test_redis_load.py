@@ -124,7 +124,7 @@ async def test_three_gateways_serve_exactly_the_budget_to_300_clients_at_once(pr
                 procs.spawn(gw.name, [*HALTWIRE, "gateway", "--config", str(gw.config)])
                 gateways.append(gw)
             for gw in gateways:
-                await anyio.to_thread.run_sync(wait_ready, procs, gw.name, gw.healthz)
+                await anyio.to_thread.run_sync(wait_ready, procs, gw.name, gw.readyz)
             served_before = demo.served["lookup_order"]
 
             seen = await crowd([gw.url for gw in gateways], TOKEN, clients=300, calls=1000, seed=0)

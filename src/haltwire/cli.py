@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -23,12 +24,14 @@ from haltwire.identity import token_sha256
 
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2
+#: How long a gateway that did not start waits for its server to answer what it holds and stop.
+STOP_GRACE_S = 5.0
 
 
 def _gateway(args: argparse.Namespace) -> int:
-    from haltwire.gateway import ControlUnreachable, UpstreamError, create_app, redis_pool_size
+    from haltwire.gateway import ControlUnreachable, UpstreamError, WrongRole, create_app, redis_pool_size
     from haltwire.listener import check_descriptors
-    from haltwire.serve import CannotListen, listen, serve_forever
+    from haltwire.serve import CannotListen, listen, owned_server
 
     try:
         config = load_config(args.config)
@@ -55,21 +58,50 @@ def _gateway(args: argparse.Namespace) -> int:
         return EXIT_RUNTIME
 
     async def run() -> int:
-        async with AsyncExitStack() as stack:
-            try:
-                await app.start(stack)
-            except (UpstreamError, ControlUnreachable) as exc:
-                print(f"haltwire gateway: {exc}", file=sys.stderr)
-                return EXIT_USAGE
-            names = ", ".join(u.name for u in config.upstreams)
-            print(
-                f"haltwire gateway {__version__} on http://{host}:{port}/mcp "
-                f"(upstreams: {names}; counters: {config.counters.backend})",
-                file=sys.stderr,
-                flush=True,
-            )
-            await serve_forever(app, sock, config.gateway.listener)
-        return 0
+        # The app is served while it starts: /healthz answers at once, /readyz 503 until its
+        # upstreams and stops are in, and a call waits for them.
+        server = owned_server(app, config.gateway.listener)
+        served = anyio.Event()
+        status = 0
+        async with anyio.create_task_group() as tg:
+
+            async def serve() -> None:
+                await server.serve([sock])
+                served.set()
+                if not app.started:
+                    tg.cancel_scope.cancel()  # stopped while it was starting: no more start
+
+            async def stop_on_signals() -> None:
+                # SIGINT or SIGTERM: the server stops (at once on a second one), then the app.
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for _ in signals:
+                        app.start_state.given_up()  # calls waiting for a start under way: 503
+                        server.force_exit = server.should_exit
+                        server.should_exit = True
+
+            tg.start_soon(stop_on_signals)
+            tg.start_soon(serve)
+            async with AsyncExitStack() as stack:  # the app's, closed once the server has ended
+                try:
+                    await app.start(stack)
+                except (UpstreamError, ControlUnreachable, WrongRole) as exc:
+                    print(f"haltwire gateway: {exc}", file=sys.stderr)
+                    status = EXIT_USAGE
+                    server.should_exit = True  # after answering the calls that waited (503)
+                    with anyio.move_on_after(STOP_GRACE_S):
+                        await served.wait()
+                    tg.cancel_scope.cancel()
+                    return status
+                names = ", ".join(u.name for u in config.upstreams)
+                print(
+                    f"haltwire gateway {__version__} on http://{host}:{port}/mcp "
+                    f"(upstreams: {names}; counters: {config.counters.backend})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                await served.wait()
+            tg.cancel_scope.cancel()  # the signal receiver
+        return status
 
     try:
         return anyio.run(run)
@@ -78,7 +110,7 @@ def _gateway(args: argparse.Namespace) -> int:
 
 
 def _executor(args: argparse.Namespace) -> int:
-    from haltwire.executor import ExecutorMisconfigured, UpstreamError, run_executor
+    from haltwire.executor import ExecutorMisconfigured, UpstreamError, WrongRole, run_executor
 
     try:
         config = load_config(args.config)
@@ -108,7 +140,7 @@ def _executor(args: argparse.Namespace) -> int:
         anyio.run(run)
     except KeyboardInterrupt:
         return 0
-    except (UpstreamError, ExecutorMisconfigured) as exc:
+    except (UpstreamError, ExecutorMisconfigured, WrongRole) as exc:
         print(f"haltwire executor: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return 0

@@ -32,7 +32,7 @@ import jwt
 from haltwire.config import ControlLink
 from haltwire.scope import Scope, run_scopes
 from haltwire.stops import Stopped, StopSet
-from haltwire.watch import StopWatch
+from haltwire.watch import VERIFIER, StopWatch
 
 ISSUER: Final = "haltwire"
 ALGORITHM: Final = "EdDSA"
@@ -186,7 +186,7 @@ class CredentialVerifier:
             url=base, token=token, staleness_s=staleness_s, connect_timeout_s=connect_timeout_s
         )
         keys = JwksKeys(jwks_url or base + JWKS_PATH, refresh_s=jwks_refresh_s, monotonic=monotonic)
-        watch = StopWatch(link, monotonic=monotonic, clock=clock)
+        watch = StopWatch(link, monotonic=monotonic, clock=clock, point=VERIFIER)
         return cls(keys, audience, watch, clock=clock)
 
     @asynccontextmanager

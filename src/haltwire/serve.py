@@ -2,8 +2,9 @@
 
 ``serving`` is used by the demos and the tests: it binds the socket first (so port 0 gives
 a free port and the caller learns it), runs uvicorn in a task of the caller's task group,
-and stops it when the block exits. ``serve_forever`` is the CLI's: one app on one or more
-sockets, each with its own limits (``haltwire.listener``), stopped by SIGINT/SIGTERM.
+and stops it when the block exits. ``serve_forever`` and ``serve_listeners`` are the control
+plane's: one app on one or more sockets, each with its own limits (``haltwire.listener``),
+stopped by SIGINT/SIGTERM. ``owned_server`` is the gateway's: served while its owner starts it.
 """
 
 from __future__ import annotations
@@ -103,6 +104,13 @@ def _config(app: Any, limits: ListenerLimits | None, lifespan: Lifespan, **extra
 async def serve_forever(app: Any, sock: socket.socket, limits: ListenerLimits | None = None) -> None:
     """Serve ``app`` on a socket bound beforehand (``listen``), until cancelled."""
     await uvicorn.Server(_config(app, limits, "on")).serve([sock])
+
+
+def owned_server(app: Any, limits: ListenerLimits | None = None) -> uvicorn.Server:
+    """A server for an app its owner starts and stops itself, while it is served (no lifespan),
+    leaving the process's signals to the owner too: ``should_exit`` stops it gracefully (open
+    requests finish), ``force_exit`` at once, as uvicorn does on the signals it takes itself."""
+    return InProcessServer(_config(app, limits, "off"))
 
 
 class _Owner(uvicorn.Server):

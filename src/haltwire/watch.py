@@ -10,6 +10,13 @@ connection has replayed what was missed (the control plane's ``caught-up`` comme
 event and heartbeat refreshes ``last_heard``; a follower that has heard nothing for
 ``staleness_s`` is not ``current`` and fails closed (the gateway refuses ``registry_unreachable``)
 until it hears again.
+
+Before it follows the stream, each connection asks the control plane who its token is
+(``GET /v1/whoami``): a follower whose token is not sent every stop (an agent's sees only the
+stops that can stop that agent) would enforce some stops and silently miss the rest, so it
+refuses to start (``WrongRole``), and after start-up treats the answer as a failed connection
+(it fails closed). The executor asks the same question through its own client and judges the
+answer with ``require_every_stop``.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import fields
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import anyio
 import anyio.abc
@@ -38,8 +45,54 @@ RECONNECT_MIN_S = 0.2
 RECONNECT_MAX_S = 5.0
 
 
+#: Who a bearer token is at the control plane, and whether it is sent every stop.
+WHOAMI_PATH: Final = "/v1/whoami"
+
+
 class ControlUnreachable(Exception):
     """The control plane did not answer, or did not replay its stops, at start-up."""
+
+
+class WrongRole(Exception):
+    """The control plane refuses an enforcement point's token, or says it is not sent every stop:
+    the point must not serve with it (``haltwire gateway`` and ``haltwire executor`` exit 2)."""
+
+
+class Point(NamedTuple):
+    """An enforcement point, as its refusal to start names it: what it is, and its token's role."""
+
+    name: str
+    role: str
+
+
+GATEWAY: Final = Point("a gateway", "gateway")
+EXECUTOR: Final = Point("an executor", "executor")
+VERIFIER: Final = Point("a credential verifier", "viewer")
+
+
+def require_every_stop(answer: Any, url: str, point: Point) -> None:
+    """Judge the control plane's answer to ``GET /v1/whoami`` (the gateway's and the executor's
+    start-up check): ``WrongRole`` unless it says the token is sent every stop."""
+    if not isinstance(answer, dict) or not isinstance(answer.get("reads_every_stop"), bool):
+        raise WrongRole(
+            f"the control plane at {url} did not say whether this token is sent every stop "
+            f"({WHOAMI_PATH}): {point.name} serves only once it does"
+        )
+    if not answer["reads_every_stop"]:
+        raise WrongRole(
+            f"the control plane at {url} knows this token as {answer.get('name')}, of role "
+            f"{answer.get('role')}, which is not sent every stop: {point.name} needs a token of role "
+            f"{point.role}"
+        )
+
+
+def token_refused(url: str, status: int, error: Any, point: Point) -> WrongRole:
+    """The control plane refused the token itself (401, or 403 on a listener not serving its role)."""
+    said = f"{error.get('code')}: {error.get('message')}" if isinstance(error, dict) else "refused"
+    return WrongRole(
+        f"the control plane at {url} refused this token ({status} {said}): {point.name} needs a "
+        f"token of role {point.role}"
+    )
 
 
 class StopWatch:
@@ -49,8 +102,11 @@ class StopWatch:
         *,
         monotonic: Callable[[], float] = time.monotonic,
         clock: Callable[[], float] = time.time,
+        point: Point = GATEWAY,
     ) -> None:
         self.link = link
+        #: Who follows: named when the control plane refuses its token.
+        self.point = point
         #: The replicas followed: one at a time, the next when it fails or falls silent.
         self.replicas = Replicas(link.urls)
         self._token = link.resolve_token()
@@ -105,15 +161,28 @@ class StopWatch:
         """The replica followed now."""
         return self.replicas.current
 
+    async def _check_role(self, http: httpx2.AsyncClient, url: str) -> None:
+        """``WrongRole`` unless the control plane at ``url`` sends this token every stop."""
+        r = await http.get(f"{url}{WHOAMI_PATH}", headers={"Authorization": f"Bearer {self._token}"})
+        if r.status_code in (401, 403):
+            try:
+                error = r.json().get("error")
+            except (ValueError, AttributeError):
+                error = None
+            raise token_refused(url, r.status_code, error, self.point)
+        r.raise_for_status()
+        require_every_stop(r.json(), url, self.point)
+
     async def _follow(
         self, http: httpx2.AsyncClient, url: str, task_status: anyio.abc.TaskStatus[None]
     ) -> None:
-        """One connection: stream events until it fails or ends.
+        """One connection: check the token's role, then stream events until it fails or ends.
 
         Nothing counts as heard until the control plane's ``caught-up`` comment, which it
         sends once it has replayed every change we missed: a stream that stalls mid-replay
         must not make a gateway that lacks the stops issued during an outage look fresh.
         """
+        await self._check_role(http, url)
         headers = {"Authorization": f"Bearer {self._token}", "Last-Event-ID": str(self.revision)}
         async with http.stream("GET", f"{url}/v1/watch", headers=headers) as response:
             response.raise_for_status()
@@ -140,7 +209,8 @@ class StopWatch:
         Reports started once the stops issued before start-up are applied. A failure moves to
         the next replica at once; only when every replica has failed in a row does it wait,
         doubling the wait while the stops are stale. Before start-up, every replica failing
-        once is raised (a start-up error); after it, each failure is logged and retried.
+        once is raised (a start-up error), and a token of the wrong role at once; after it,
+        each failure is logged and retried.
         """
         # A silent connection (no event, no heartbeat) for silence_s is a dead one.
         timeout = httpx2.Timeout(10.0, read=self.link.silence_s)
@@ -155,7 +225,7 @@ class StopWatch:
                     # A stream that was heard from was a good one: count afresh from it.
                     failures = 1 if self.last_heard != heard else failures + 1
                     self.replicas.failed(url)
-                    if not self.ready and failures >= len(self.replicas):
+                    if not self.ready and (isinstance(exc, WrongRole) or failures >= len(self.replicas)):
                         raise  # never started, on any replica: a start-up error for the caller
                     log.error(
                         "control plane %s: watch failed (%s); following %s",
@@ -174,6 +244,8 @@ class StopWatch:
         try:
             with anyio.fail_after(self.link.connect_timeout_s):
                 await tg.start(self.run)
+        except WrongRole:
+            raise  # not a control plane out of reach: one that refuses to serve this token every stop
         except Exception as exc:
             raise ControlUnreachable(
                 f"control plane {self.url} did not replay its stops: {describe(exc)}"

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Final
+from typing import Final, get_args
 
 from haltwire import refusal
-from haltwire.control.config import Caller
+from haltwire.control.config import Caller, Role
 from haltwire.control.errors import Refused
 from haltwire.control.plane import Plane
 from haltwire.identity import bearer_token, token_sha256
@@ -52,7 +52,19 @@ ROLES: Final[Mapping[str, frozenset[str]]] = {
     # stop found in flight, for the report.
     "run.report": frozenset({"operator", "viewer", "agent"}),
     "run.calls.record": frozenset({"gateway"}),
+    # Who a token is, and whether it reads every stop (an enforcement point asks at start-up).
+    "whoami": frozenset(get_args(Role)),
 }
+
+#: Roles that see only the stops that can stop them (``visible_to``), on every read and the watch.
+NARROWED: Final = frozenset({"agent"})
+
+
+def reads_every_stop(role: str) -> bool:
+    """Whether a caller of ``role`` is sent every stop: it may follow the watch, and its view is
+    not narrowed to the stops that can stop it. An enforcement point's token must (a gateway
+    following the watch with an agent's token would miss every other agent's stops)."""
+    return role in ROLES["watch"] and role not in NARROWED
 
 
 def _unauthenticated(reason: str) -> Refused:
@@ -86,8 +98,8 @@ async def authorize(plane: Plane, caller: Caller, action: str, target: str = "",
 
 async def visible_to(plane: Plane, caller: Caller, scope: str) -> bool:
     """An agent sees only the stops that can stop it: global ones, and those on its agent id,
-    its tenant, a version of its agent, or one of its runs. Other roles see all."""
-    if caller.role != "agent":
+    its tenant, a version of its agent, or one of its runs (``NARROWED``). Other roles see all."""
+    if caller.role not in NARROWED:
         return True
     if scope in ("global", f"agent:{caller.agent}", f"tenant:{caller.tenant}"):
         return True

@@ -1,4 +1,4 @@
-"""Issuing a run credential (stop level 4) and reading a run's credential map.
+"""Issuing a run credential (stop level 4), reading a run's credential map, and the broker's keys.
 
 A run's owning agent asks for one configured audience; the broker (``haltwire.control.broker``)
 refuses once a stop covers the run, as a lease renewal is refused. The credential is written
@@ -8,7 +8,7 @@ A refusal by a stop is audited once per run and stop; the run keeps asking until
 
 from __future__ import annotations
 
-from haltwire.control.broker import Broker
+from haltwire.control.broker import Broker, Jwks
 from haltwire.control.config import Caller
 from haltwire.control.errors import Refused, invalid
 from haltwire.control.plane import Plane
@@ -21,6 +21,16 @@ def broker(plane: Plane) -> Broker:
     if plane.broker is None:
         raise Refused(501, "broker_not_configured", "this control plane has no [broker]")
     return plane.broker
+
+
+def published_keys(plane: Plane) -> Jwks:
+    """The broker's public keys; ``Refused`` 404 when the control plane has no ``[broker]``: it
+    publishes none, and a feature that is off is not a server error."""
+    if plane.broker is None:
+        raise Refused(
+            404, "broker_not_configured", "this control plane has no [broker]: it publishes no keys"
+        )
+    return plane.broker.keys.jwks()
 
 
 async def issue(plane: Plane, caller: Caller, run_id: str, audience: str) -> tuple[str, CredentialRecord]:

@@ -131,7 +131,7 @@ class Stack:
         control.wait_http(f"{self.enforcement_url}/healthz")
         gateway = spawn("gateway", "-m", "haltwire", "gateway", "--config", str(gw_toml))
         executor = spawn("executor", "-m", "haltwire", "executor", "--config", str(gw_toml))
-        gateway.wait_http(f"{self.gateway_url}/healthz")
+        gateway.wait_http(f"{self.gateway_url}/readyz")
         executor.wait_log("committing intents")
 
 

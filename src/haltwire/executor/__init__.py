@@ -17,8 +17,9 @@ from haltwire.executor.client import IntentClient
 from haltwire.executor.loop import Executor, ExecutorMisconfigured
 from haltwire.gateway.config import GatewayConfig
 from haltwire.upstreams import UpstreamError, Upstreams
+from haltwire.watch import WrongRole
 
-__all__ = ["Executor", "ExecutorMisconfigured", "IntentClient", "UpstreamError", "run_executor"]
+__all__ = ["Executor", "ExecutorMisconfigured", "IntentClient", "UpstreamError", "WrongRole", "run_executor"]
 
 
 async def run_executor(
@@ -28,8 +29,9 @@ async def run_executor(
 
     ``UpstreamError`` when an upstream does not start; ``ConfigError`` for an unset token
     variable; ``ExecutorMisconfigured`` when the control plane refuses it for good (an unknown
-    token, a role other than executor, no ``[leases]``, an unknown agent class). ``task_status`` reports the executor once its upstreams are connected and its
-    crash recovery has been asked of the control plane.
+    token, a role other than executor, no ``[leases]``, an unknown agent class); ``WrongRole`` for
+    a token the control plane does not send every stop. ``task_status`` reports the executor once
+    its upstreams are connected and its crash recovery has been asked of the control plane.
     """
     if config.control is None or config.executor is None:
         raise ValueError("the executor needs [control] and [executor] in the config")

@@ -1,7 +1,8 @@
 """The control plane's intent endpoints as the executor uses them.
 
 ``IntentClient`` is the runtime's ``ControlClient`` (runs, leases, the watch: the executor holds
-a lease of its own) plus claim, check, commit, fail and the restart's ``unknown``. Refusals
+a lease of its own) plus who its token is, claim, check, commit, fail and the restart's
+``unknown``. Refusals
 raise ``ControlRefused``, anything else ``ControlUnreachable``, as for every control client.
 
 What it records must fit the control plane's limits (``haltwire.limits``), or the call, made,
@@ -18,6 +19,7 @@ from urllib.parse import quote
 
 from haltwire.limits import fitted
 from haltwire.runtime.client import ControlClient, ControlRefused
+from haltwire.watch import WHOAMI_PATH
 
 
 def _path(intent_id: str, action: str) -> str:
@@ -36,6 +38,11 @@ def _not_kept(outcome: dict[str, Any]) -> dict[str, Any]:
 
 class IntentClient(ControlClient):
     """``async with IntentClient(url, executor_token) as control: ...``"""
+
+    async def whoami(self) -> Any:
+        """Who the control plane knows the token as, and whether it is sent every stop (judged by
+        ``haltwire.watch.require_every_stop``, as the gateway's watch judges it)."""
+        return await self._call("GET", WHOAMI_PATH)
 
     async def claim(self) -> dict[str, Any] | None:
         """The oldest pending intent, now claimed by this executor; None when none is pending."""

@@ -17,6 +17,10 @@ For each intent, in this order:
    error, or no upstream offering the tool). A control plane that cannot be reached is asked
    again until it records it: the outcome is only in this process until then.
 
+Before anything else, the executor asks the control plane who its token is (``GET
+/v1/whoami``) and refuses to run (``WrongRole``) with one that is not sent every stop, as every
+enforcement point does (an agent's token sees only the stops that can stop that agent).
+
 Crash safety: on start, ``POST /v1/intents/unknown`` turns every intent this executor's
 identity had claimed into ``unknown``; those (and unknown ones left by an earlier start) go
 through steps 2 to 5 first. An unknown intent that passed its check is re-issued with its key,
@@ -47,6 +51,7 @@ from haltwire.meta import KEY_META
 from haltwire.runtime.client import ControlRefused, ControlUnreachable
 from haltwire.runtime.lease import Lease, StopRequested
 from haltwire.upstreams import Upstreams, UpstreamUnavailable
+from haltwire.watch import EXECUTOR, require_every_stop
 
 log = logging.getLogger("haltwire.executor")
 
@@ -90,9 +95,11 @@ class Executor:
     # -- the loop ------------------------------------------------------------------------------
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Recover what a crash left, then settle intents for as long as the lease holds; when it
-        ends (a stop on the executor), wait and take a new one. Started once recovery is asked."""
+        """Check the token's role, recover what a crash left, then settle intents for as long as
+        the lease holds; when it ends (a stop on the executor), wait and take a new one. Started
+        once recovery is asked. ``WrongRole`` for a token that is not sent every stop."""
         try:
+            require_every_stop(await self._retrying(self.control.whoami), self.control.url, EXECUTOR)
             self._held = await self._retrying(self._unresolved)
         except ControlRefused as exc:
             raise ExecutorMisconfigured(f"the control plane refused the executor: {exc}") from None

@@ -35,7 +35,7 @@ from haltwire.store.idempotency.redis import RedisIdempotency
 from haltwire.store.idempotency.sqlite import SqliteIdempotency
 from haltwire.store.redis import redis_client
 from haltwire.upstreams import UpstreamError, Upstreams
-from haltwire.watch import ControlUnreachable, StopWatch
+from haltwire.watch import ControlUnreachable, StopWatch, WrongRole
 
 log = logging.getLogger("haltwire.gateway")
 
@@ -184,6 +184,7 @@ __all__ = [
     "StopWatch",
     "SuspensionFile",
     "UpstreamError",
+    "WrongRole",
     "counter_store",
     "create_app",
     "idempotency_store",

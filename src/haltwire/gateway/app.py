@@ -1,8 +1,8 @@
 """The gateway's ASGI application: the HTTP edge, and the fast path for ``tools/call``.
 
-Every request but ``/healthz`` names the gateway first (``haltwire.gateway.hosts``): a ``Host``
-it is not served under gets 421, an ``Origin`` that may not call it 403 (DNS-rebinding
-protection, before anything else, whatever the method). Then every request to ``/mcp`` passes
+Every request but the probes (``/healthz``, ``/readyz``) names the gateway first
+(``haltwire.gateway.hosts``): a ``Host`` it is not served under gets 421, an ``Origin`` that
+may not call it 403 (DNS-rebinding protection, before anything else, whatever the method). Then every request to ``/mcp`` passes
 the edge:
 
 1. the bearer token resolves to an identity (``haltwire.gateway.identities``), or the answer is 401;
@@ -16,6 +16,12 @@ handshake-era clients, a request the fast path does not recognise) is replayed, 
 and all, into the official SDK's streamable-HTTP handler, so protocol corner cases
 have one implementation. The fast path exists because the SDK's server machinery costs
 more per call than every check haltwire makes (``benchmarks/gateway.py`` measures both).
+
+Beside ``/mcp``, without authentication: ``/healthz`` answers 200 as soon as the port is served
+(liveness), ``/readyz`` 200 only once the gateway is started, its upstreams connected and its
+stops current, else 503 naming what is missing (readiness, ``haltwire.gateway.readiness``).
+``haltwire gateway`` serves its port while it starts, so both answer then; a request to ``/mcp``
+that comes before the start has finished waits for it.
 
 Cancellation: the pipeline runs in a task group next to a watcher of the client's
 connection. When the client disconnects, the watcher cancels the group, which cancels
@@ -50,6 +56,7 @@ from haltwire.gateway.credentials import CREDENTIAL_STATE_KEY
 from haltwire.gateway.hosts import HostCheck
 from haltwire.gateway.identities import Identities
 from haltwire.gateway.proxy import Gateway
+from haltwire.gateway.readiness import NOT_STARTED, Start, readiness
 from haltwire.gateway.server import IDENTITY_STATE_KEY, build_server
 from haltwire.identity import Identity, bearer_token
 from haltwire.meta import LEASE_HEADER
@@ -171,7 +178,8 @@ class GatewayApp:
         self.identities = identities
         self.max_body_bytes = max_body_bytes
         self._on_startup = on_startup
-        self.started = False
+        #: The start, as calls that come during it see it.
+        self.start_state = Start()
         self._server_info = {"io.modelcontextprotocol/serverInfo": {"name": "haltwire", "version": version}}
         self._manager = StreamableHTTPSessionManager(
             app=build_server(gateway, version),
@@ -194,6 +202,10 @@ class GatewayApp:
             # Probed by address (load balancers, orchestrators); it says nothing but "up".
             await _respond(send, 200, b'{"ok":true}')
             return
+        if path == "/readyz":
+            # Probed by address too; it names what is not ready, nothing secret.
+            await _respond(send, *readiness(self.gateway, self.started))
+            return
         refused = self.hosts.refusal(scope["headers"])
         if refused is not None:
             await _respond(send, *refused)
@@ -203,6 +215,9 @@ class GatewayApp:
                 send, 404, b'{"error":{"code":"not_found","message":"Not found.","retryable":false}}'
             )
             return
+        if not self.started and not await self.start_state.wait():
+            await _respond(send, 503, NOT_STARTED)
+            return
         await self._edge(scope, receive, send)
 
     async def start(self, stack: AsyncExitStack) -> None:
@@ -211,17 +226,26 @@ class GatewayApp:
         A start-up failure (an upstream that does not start) is raised as itself, not
         wrapped in the exception group of the task group it happened in.
         """
-        with unwrapped():
-            async with AsyncExitStack() as local:
-                if self._on_startup is not None:
-                    await self._on_startup(local)
-                await local.enter_async_context(self._manager.run())
-                stack.push_async_exit(local.pop_all())
-        self.started = True
+        try:
+            with unwrapped():
+                async with AsyncExitStack() as local:
+                    if self._on_startup is not None:
+                        await self._on_startup(local)
+                    await local.enter_async_context(self._manager.run())
+                    stack.push_async_exit(local.pop_all())
+        except BaseException:
+            self.start_state.given_up()
+            raise
+        self.start_state.finished()
+
+    @property
+    def started(self) -> bool:
+        return self.start_state.done
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
-        # Used when an ASGI server runs the app with lifespan on; ``haltwire gateway``
-        # calls ``start`` itself first so that a failing upstream is a clear start-up error.
+        # Used when an ASGI server runs the app with lifespan on; ``haltwire gateway`` serves
+        # it without and calls ``start`` itself, so that a failing upstream is a clear start-up
+        # error and /readyz answers during the start.
         message = await receive()
         assert message["type"] == "lifespan.startup"
         async with AsyncExitStack() as stack:

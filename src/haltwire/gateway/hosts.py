@@ -2,8 +2,8 @@
 
 A web page on ``evil.example`` whose name an attacker re-points at 127.0.0.1 can make the
 browser send requests to a gateway on loopback; the browser then says ``Host: evil.example``
-and ``Origin: http://evil.example``. So every request but ``/healthz`` must name the gateway
-by a name it is served under, and a request from a web page must come from a page allowed to
+and ``Origin: http://evil.example``. So every request but the probes (``/healthz``,
+``/readyz``) must name the gateway by a name it is served under, and a request from a web page must come from a page allowed to
 call it. As the MCP SDK's ``TransportSecurityMiddleware`` does (which the gateway keeps off:
 this check runs before the SDK, for the fast path too):
 

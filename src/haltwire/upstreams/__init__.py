@@ -83,6 +83,11 @@ class Upstream:
         self._modern: ModernHttpCaller | None = None
         self.tools: list[types.Tool] = []
 
+    @property
+    def connected(self) -> bool:
+        """Whether its task holds a connection now (not before start-up, nor while it reconnects)."""
+        return self._client is not None
+
     async def _connect(self, stack: AsyncExitStack) -> Client:
         """Open the SDK client and, for a modern HTTP upstream, the lean path's caller."""
         c = self.config
@@ -254,6 +259,10 @@ class Upstreams:
         self._routes = routes
         self._tools = tools
         self._schemas = {t.name: dict(t.input_schema) for t in tools}
+
+    def not_connected(self) -> list[str]:
+        """The names of the upstreams without a connection now (``/readyz``)."""
+        return [up.name for up in self.upstreams if not up.connected]
 
     def route(self, exposed: str) -> Route | None:
         return self._routes.get(exposed)

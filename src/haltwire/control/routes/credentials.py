@@ -49,12 +49,13 @@ async def list_credentials(request: Request, run_id: RunId) -> Response:
 async def jwks(request: Request) -> Response:
     """The broker's public keys, to verify credentials with (every stop revokes the credentials
     issued before it on its scope: follow /v1/watch)"""
-    broker = credentials.broker(plane_of(request))
+    keys = credentials.published_keys(plane_of(request))
     # Short caching: a verifier meeting an unknown kid refetches anyway.
-    return JSONResponse(broker.keys.jwks(), headers={"Cache-Control": "public, max-age=60"})
+    return JSONResponse(keys, headers={"Cache-Control": "public, max-age=60"})
 
 
 _NOT_CONFIGURED = (501, "broker_not_configured: this control plane has no [broker]")
+_NO_KEYS = (404, "broker_not_configured: this control plane has no [broker], so it publishes no keys")
 
 routes = [
     Route(
@@ -81,5 +82,5 @@ routes = [
         (200, CredentialList, "the credentials, oldest first"),
         (FORBIDDEN_RUN, UNKNOWN_RUN, 503),
     ),
-    Route("GET", JWKS_PATH, jwks, None, (200, Jwks, "the JWKS"), (_NOT_CONFIGURED,)),
+    Route("GET", JWKS_PATH, jwks, None, (200, Jwks, "the JWKS"), (_NO_KEYS,)),
 ]

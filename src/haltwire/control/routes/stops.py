@@ -27,7 +27,16 @@ from haltwire.control import audit, stops
 from haltwire.control.errors import Refused, invalid
 from haltwire.control.plane import MAX_AUDIT_TEXT
 from haltwire.control.routes.fields import IdPath, Text
-from haltwire.control.routes.views import AuditHead, AuditList, Health, StopList, change_json, stop_json
+from haltwire.control.routes.views import (
+    AuditHead,
+    AuditList,
+    Health,
+    StopList,
+    Whoami,
+    change_json,
+    stop_json,
+    whoami_json,
+)
 from haltwire.control.routes.wire import JSON, REF, Body, Route, body, caller, plane_of, query
 from haltwire.limits import MAX_SCOPE_CHARS, PRINTABLE_PATTERN, has_control_characters
 from haltwire.scope import KINDS
@@ -188,6 +197,11 @@ async def watch(request: Request) -> Response:
     )
 
 
+async def whoami(request: Request) -> Response:
+    """Who the bearer token is, and whether it is sent every stop (enforcement points ask at start-up)"""
+    return JSONResponse(whoami_json(await caller(request, "whoami")))
+
+
 async def healthz(request: Request) -> Response:
     """Liveness and the registry's revision"""
     try:
@@ -304,6 +318,7 @@ routes = [
         query=[query("expect_head", {"type": "string", "pattern": "^[0-9]{1,19}:[0-9a-f]{64}$"}, _EXPECT)],
     ),
     Route("GET", "/v1/audit/head", audit_head, "audit.read", (200, AuditHead, "the head"), (503,)),
+    Route("GET", "/v1/whoami", whoami, "whoami", (200, Whoami, "the caller")),
     Route(
         "GET",
         "/v1/watch",

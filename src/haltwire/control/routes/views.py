@@ -12,6 +12,8 @@ from typing import Any, Literal, NotRequired
 
 from typing_extensions import TypedDict  # pydantic reads typing's only from Python 3.12
 
+from haltwire.control.access import reads_every_stop
+from haltwire.control.config import Caller, Role
 from haltwire.control.reports import SECTIONS, RunReport
 from haltwire.intents import Intent
 from haltwire.stops import Change, StopRecord
@@ -42,6 +44,18 @@ class Error(TypedDict):
 class Health(TypedDict):
     ok: Literal[True]
     revision: int
+
+
+class Whoami(TypedDict):
+    """Who a bearer token is (``agent``, ``tenant`` and ``version`` for role agent only), and
+    whether it is sent every stop: an enforcement point refuses to serve with a token that is not."""
+
+    name: str
+    role: Role
+    agent: str | None
+    tenant: str | None
+    version: str | None
+    reads_every_stop: bool
 
 
 class StopList(TypedDict):
@@ -98,6 +112,18 @@ class CallsRecorded(TypedDict):
 
     recorded: int
     repeated: int
+
+
+def whoami_json(who: Caller) -> Whoami:
+    agent = who.role == "agent"
+    return {
+        "name": who.name,
+        "role": who.role,
+        "agent": who.agent if agent else None,
+        "tenant": who.tenant if agent else None,
+        "version": who.version if agent else None,
+        "reads_every_stop": reads_every_stop(who.role),
+    }
 
 
 def stop_json(stop: StopRecord) -> dict[str, Any]:
