@@ -4,7 +4,10 @@ Every request to ``/mcp`` passes the edge first:
 
 1. the bearer token resolves to an identity (``haltwire.gateway.identities``), or the answer is 401;
 2. an identity suspended at the edge gets 403;
-3. a body larger than ``max_body_bytes`` gets 413.
+3. a body larger than ``max_body_bytes`` gets 413;
+4. a broker credential that a stop has revoked (stopped, or fenced since) gets 403 on every
+   request but a ``tools/call``, which the pipeline refuses as a tool result; so does one while
+   the watch is stale (503).
 
 Then a modern (2026-07-28) ``tools/call`` takes the fast path here: parse, validate the
 envelope with the SDK's own ladder (``classify_inbound_request``), run the ``Gateway``
@@ -47,6 +50,7 @@ from haltwire.gateway.credentials import CREDENTIAL_STATE_KEY
 from haltwire.gateway.identities import Identities
 from haltwire.gateway.proxy import Gateway
 from haltwire.gateway.server import IDENTITY_STATE_KEY, build_server
+from haltwire.gateway.stops import credential_refusal
 from haltwire.identity import Identity, bearer_token
 from haltwire.meta import LEASE_HEADER
 from haltwire.refusal import Refusal
@@ -245,17 +249,27 @@ class GatewayApp:
         state = scope.setdefault("state", {})
         state[IDENTITY_STATE_KEY] = identity
         state[CREDENTIAL_STATE_KEY] = credential  # the SDK path reads it too (server.py)
-        if (
+        # A stopped or fenced credential authenticates nothing: every request is refused here,
+        # but a tool call, which the pipeline refuses as a tool result the agent reads.
+        revoked = self._revoked(credential)
+        fast = (
             scope["method"] == "POST"
             and _header(scope, b"mcp-method") == b"tools/call"
             and _header(scope, b"mcp-protocol-version") in _MODERN
-        ):
+        )
+        if revoked is not None and scope["method"] != "POST":
+            await _respond_refusal(send, revoked)
+            return
+        if fast or revoked is not None:
             try:
                 body = await _read_body(receive, self.max_body_bytes)
             except BodyTooLarge:
                 await _respond_refusal(send, refusal.payload_too_large(self.max_body_bytes))
                 return
-            if await self._tools_call(identity, body, scope, receive, send, credential):
+            if revoked is not None and not _is_tool_call(body):
+                await _respond_refusal(send, revoked)
+                return
+            if fast and await self._tools_call(identity, body, scope, receive, send, credential):
                 return
             receive = _replay(body, receive)
         try:
@@ -263,6 +277,13 @@ class GatewayApp:
             await self._manager.handle_request(scope, _counted(receive, self.max_body_bytes), send)
         except BodyTooLarge:
             await _respond_refusal(send, refusal.payload_too_large(self.max_body_bytes))
+
+    def _revoked(self, credential: LeaseClaims | None) -> Refusal | None:
+        """The refusal of a broker credential that a stop has revoked (``stops.credential_refusal``)."""
+        watch = self.gateway.stops
+        if credential is None or watch is None:  # [broker] needs [control]: no watch, no credential
+            return None
+        return credential_refusal(watch, credential)
 
     async def _tools_call(
         self,
@@ -408,6 +429,15 @@ class GatewayApp:
         meta = result.get("_meta")
         result["_meta"] = {**meta, **self._server_info} if isinstance(meta, dict) else self._server_info
         return result
+
+
+def _is_tool_call(body: bytes) -> bool:
+    """One JSON-RPC request (not a batch, not a notification) whose method is ``tools/call``."""
+    try:
+        message = json.loads(body)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(message, dict) and message.get("method") == "tools/call" and "id" in message
 
 
 def _sse(message: dict[str, Any]) -> bytes:
