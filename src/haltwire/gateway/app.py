@@ -4,7 +4,8 @@ Every request to ``/mcp`` passes the edge first:
 
 1. the bearer token resolves to an identity (``haltwire.gateway.identities``), or the answer is 401;
 2. an identity suspended at the edge gets 403;
-3. a body larger than ``max_body_bytes`` gets 413;
+3. a body larger than ``max_body_bytes`` gets 413, and one holding what is not JSON (NaN,
+   Infinity, 1e400: ``haltwire.jsonwire``) a JSON-RPC parse error (400), before anything is counted;
 4. a broker credential that a stop has revoked (stopped, or fenced since) gets 403 on every
    request but a ``tools/call``, which the pipeline refuses as a tool result; so does one while
    the watch is stale (503).
@@ -40,11 +41,11 @@ from mcp.shared.inbound import (
     classify_inbound_request,
     validate_mcp_param_headers,
 )
-from mcp_types import INTERNAL_ERROR
+from mcp_types import INTERNAL_ERROR, PARSE_ERROR
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import Message, Receive, Scope, Send
 
-from haltwire import refusal
+from haltwire import jsonwire, refusal
 from haltwire.errors import unwrapped
 from haltwire.gateway.credentials import CREDENTIAL_STATE_KEY
 from haltwire.gateway.identities import Identities
@@ -65,6 +66,8 @@ _SSE_HEADERS: Final = [
     (b"x-accel-buffering", b"no"),
 ]
 _MODERN: Final = frozenset(v.encode() for v in MODERN_PROTOCOL_VERSIONS)
+#: A body that is not JSON at all: the SDK's handler answers it.
+_UNPARSED: Final = object()
 
 
 class BodyTooLarge(Exception):
@@ -251,55 +254,53 @@ class GatewayApp:
         state[CREDENTIAL_STATE_KEY] = credential  # the SDK path reads it too (server.py)
         # A stopped or fenced credential authenticates nothing: every request is refused here,
         # but a tool call, which the pipeline refuses as a tool result the agent reads.
-        revoked = self._revoked(credential)
-        fast = (
-            scope["method"] == "POST"
-            and _header(scope, b"mcp-method") == b"tools/call"
-            and _header(scope, b"mcp-protocol-version") in _MODERN
-        )
-        if revoked is not None and scope["method"] != "POST":
-            await _respond_refusal(send, revoked)
-            return
-        if fast or revoked is not None:
+        watch, revoked = self.gateway.stops, None
+        if credential is not None and watch is not None:  # [broker] needs [control]
+            revoked = credential_refusal(watch, credential)
+        message: Any = _UNPARSED
+        if scope["method"] == "POST":
             try:
                 body = await _read_body(receive, self.max_body_bytes)
             except BodyTooLarge:
                 await _respond_refusal(send, refusal.payload_too_large(self.max_body_bytes))
                 return
-            if revoked is not None and not _is_tool_call(body):
-                await _respond_refusal(send, revoked)
+            # Every body is read by the one strict parser, whichever path serves it: the SDK's
+            # parser would take NaN and 1e400, which nothing after it can write back as JSON.
+            try:
+                message = jsonwire.loads(body)
+            except jsonwire.NotFinite as exc:
+                await _respond(send, 400, _jsonrpc_error(None, PARSE_ERROR, f"Parse error: {exc}"))
                 return
-            if fast and await self._tools_call(identity, body, scope, receive, send, credential):
-                return
+            except (ValueError, RecursionError):
+                pass  # not JSON at all: the SDK answers it with its own parse error
             receive = _replay(body, receive)
+        if revoked is not None and not _is_tool_call(message):
+            await _respond_refusal(send, revoked)
+            return
+        if (
+            isinstance(message, dict)
+            and _header(scope, b"mcp-method") == b"tools/call"
+            and _header(scope, b"mcp-protocol-version") in _MODERN
+            and await self._tools_call(identity, message, scope, receive, send, credential)
+        ):
+            return
         try:
             # The SDK reads the body before it answers; past the limit, its own 413 is plain text.
             await self._manager.handle_request(scope, _counted(receive, self.max_body_bytes), send)
         except BodyTooLarge:
             await _respond_refusal(send, refusal.payload_too_large(self.max_body_bytes))
 
-    def _revoked(self, credential: LeaseClaims | None) -> Refusal | None:
-        """The refusal of a broker credential that a stop has revoked (``stops.credential_refusal``)."""
-        watch = self.gateway.stops
-        if credential is None or watch is None:  # [broker] needs [control]: no watch, no credential
-            return None
-        return credential_refusal(watch, credential)
-
     async def _tools_call(
         self,
         identity: Identity,
-        body: bytes,
+        msg: dict[str, Any],
         scope: Scope,
         receive: Receive,
         send: Send,
         credential: LeaseClaims | None = None,
     ) -> bool:
-        """Serve a modern ``tools/call``; False hands the request to the SDK instead."""
-        try:
-            msg = json.loads(body)
-        except (ValueError, RecursionError):
-            return False
-        if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0" or msg.get("method") != "tools/call":
+        """Serve a modern ``tools/call`` (the body, parsed); False hands the request to the SDK instead."""
+        if msg.get("jsonrpc") != "2.0" or msg.get("method") != "tools/call":
             return False
         request_id = msg.get("id")
         params = msg.get("params")
@@ -431,12 +432,8 @@ class GatewayApp:
         return result
 
 
-def _is_tool_call(body: bytes) -> bool:
+def _is_tool_call(message: Any) -> bool:
     """One JSON-RPC request (not a batch, not a notification) whose method is ``tools/call``."""
-    try:
-        message = json.loads(body)
-    except (ValueError, RecursionError):
-        return False
     return isinstance(message, dict) and message.get("method") == "tools/call" and "id" in message
 
 
