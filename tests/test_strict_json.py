@@ -1,8 +1,9 @@
 """NaN, Infinity, -Infinity and numbers too large for a float (1e400) are not JSON (RFC 8259), but
-Python's ``json`` and pydantic's parser read them. Every request body haltwire parses is read by
-one strict parser (``haltwire.jsonwire``): at the gateway such a body is a JSON-RPC parse error
-(400), decided before anything is counted, never a 500 or a traceback (issue 12, point 7); at
-the control plane it is a 422.
+Python's ``json`` and pydantic's parser read them; Python's ``json`` also reads an unpaired
+surrogate escape (``"\\ud800"``), which no UTF-8 encoder writes back. Every request body
+haltwire parses is read by one strict parser (``haltwire.jsonwire``): at the gateway such a body
+is a JSON-RPC parse error (400), decided before anything is counted, never a 500 or a traceback
+(issue 12, point 7); at the control plane it is a 422.
 """
 
 from __future__ import annotations
@@ -32,24 +33,33 @@ ENVELOPE: Final = {
 }
 #: Tokens Python's json reads as floats that no JSON document holds.
 NOT_FINITE: Final = ["NaN", "Infinity", "-Infinity", "1e400", "-1e400", "1.5e999"]
+#: Strings Python's json reads that no UTF-8 encoder writes back: unpaired surrogates.
+SURROGATES: Final = ['"\\ud800"', '"x\\udfffy"', '["\\ud83d"]']
+#: Every value a body may not hold, as JSON text.
+NOT_JSON: Final = [*NOT_FINITE, *SURROGATES]
 
 
-@pytest.mark.parametrize(
-    "text", [f'{{"a": [1, {{"b": {t}}}]}}' for t in NOT_FINITE] + [f"{t}" for t in NOT_FINITE]
-)
-def test_the_parser_refuses_what_is_not_a_finite_number(text: str) -> None:
-    with pytest.raises(jsonwire.NotFinite):
+@pytest.mark.parametrize("text", [f'{{"a": [1, {{"b": {t}}}]}}' for t in NOT_JSON] + NOT_JSON)
+def test_the_parser_refuses_what_is_not_json(text: str) -> None:
+    with pytest.raises(jsonwire.NotJson):
         jsonwire.loads(text)
-    with pytest.raises(jsonwire.NotFinite):
+    with pytest.raises(jsonwire.NotJson):
         jsonwire.loads(text.encode())
 
 
 def test_the_parser_reads_everything_else_as_json_does() -> None:
-    text = '{"a": [1, -2.5, 1e308, -0.0, 12345678901234567890123, "NaN", "Infinity", true, null]}'
+    text = (
+        '{"a": [1, -2.5, 1e308, -0.0, 12345678901234567890123, "NaN", "Infinity", true, null],'
+        ' "b": "\\ud83d\\ude00 \\\\ud800 \u00ed\u00a0 \u00e9"}'
+    )
     assert jsonwire.loads(text) == json.loads(text)
+    assert jsonwire.loads(text.encode()) == json.loads(text)
     with pytest.raises(ValueError) as caught:
         jsonwire.loads("{not json")
-    assert not isinstance(caught.value, jsonwire.NotFinite)
+    assert not isinstance(caught.value, jsonwire.NotJson)
+    # A surrogate encoded raw (CESU-8), which json.loads decodes with surrogatepass.
+    with pytest.raises(jsonwire.NotJson):
+        jsonwire.loads(b'{"a": "\xed\xa0\x80"}')
 
 
 @pytest.fixture
@@ -97,7 +107,7 @@ def parse_error(r: httpx2.Response) -> None:
     assert r.status_code == 400, r.text
     answer = r.json()
     assert answer["jsonrpc"] == "2.0" and answer["id"] is None
-    assert answer["error"]["code"] == -32700 and "not JSON" in answer["error"]["message"]
+    assert answer["error"]["code"] == -32700 and "RFC 8259" in answer["error"]["message"]
 
 
 async def test_non_finite_numbers_in_an_irreversible_calls_arguments_are_a_parse_error(
@@ -110,7 +120,7 @@ async def test_non_finite_numbers_in_an_irreversible_calls_arguments_are_a_parse
         running_upstream() as (demo, up),
         running_gateway({**intents_config(up, cp), "limits": {"budget": 1}}) as (_, url),
     ):
-        for value in NOT_FINITE:
+        for value in NOT_JSON:
             for modern in (True, False):
                 parse_error(await post(url, call_body("lookup_order", value, modern=modern), modern=modern))
         assert await listed(cp) == []
@@ -133,7 +143,7 @@ async def test_non_finite_numbers_never_reach_an_upstream(logged: list[logging.L
     async with running_upstream() as (demo, up), running_gateway(
         {**_standalone(up), "limits": {"budget": 1}}
     ) as (_, url):
-        for value in NOT_FINITE:
+        for value in NOT_JSON:
             for modern in (True, False):
                 parse_error(await post(url, call_body("progress", value, modern=modern), modern=modern))
             listing = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"x": 1}})
@@ -150,7 +160,7 @@ def _standalone(upstream: str) -> dict[str, Any]:
     return config_dict(upstream)
 
 
-@pytest.mark.parametrize("value", NOT_FINITE)
+@pytest.mark.parametrize("value", NOT_JSON)
 async def test_the_control_plane_refuses_non_finite_numbers_in_any_body(tmp_path: Path, value: str) -> None:
     async with full_plane({"backend": "sqlite", "path": str(tmp_path / "c.db")}) as (client, _):
         for path, body, role in (
@@ -163,11 +173,11 @@ async def test_the_control_plane_refuses_non_finite_numbers_in_any_body(tmp_path
             )
             assert r.status_code == 422, (path, r.text)
             error = r.json()["error"]
-            assert error["code"] == "invalid_request" and "not JSON" in error["message"], (path, r.text)
+            assert error["code"] == "invalid_request" and "RFC 8259" in error["message"], (path, r.text)
         assert (await client.get("/v1/stops", headers=bearer("operator"))).json() == {"stops": []}
 
 
-@pytest.mark.parametrize("value", ["NaN", "-Infinity", "1e400"])
+@pytest.mark.parametrize("value", ["NaN", "-Infinity", "1e400", '"\\udc00"'])
 async def test_an_upstream_answer_that_is_not_json_is_a_parse_error(value: str) -> None:
     """An upstream's answer holding NaN was relayed to the agent as it came (a body no JSON
     parser must accept): it is an answer the lean path cannot parse, like any other."""
@@ -185,6 +195,6 @@ async def test_an_upstream_answer_that_is_not_json_is_a_parse_error(value: str) 
     async with caller_for(scripted(answer)) as (caller, _):
         for framing in (0, 1):
             framings.append(framing)
-            with pytest.raises(MCPError, match="not JSON") as raised:
+            with pytest.raises(MCPError, match="RFC 8259") as raised:
                 await caller.call_tool("t", None, None, None)
             assert raised.value.code == -32700

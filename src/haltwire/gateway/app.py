@@ -5,7 +5,8 @@ Every request to ``/mcp`` passes the edge first:
 1. the bearer token resolves to an identity (``haltwire.gateway.identities``), or the answer is 401;
 2. an identity suspended at the edge gets 403;
 3. a body larger than ``max_body_bytes`` gets 413, and one holding what is not JSON (NaN,
-   Infinity, 1e400: ``haltwire.jsonwire``) a JSON-RPC parse error (400), before anything is counted;
+   Infinity, 1e400, an unpaired surrogate: ``haltwire.jsonwire``) a JSON-RPC parse error (400),
+   before anything is counted;
 4. a broker credential that a stop has revoked (stopped, or fenced since) gets 403 on every
    request but a ``tools/call``, which the pipeline refuses as a tool result; so does one while
    the watch is stale (503).
@@ -265,10 +266,11 @@ class GatewayApp:
                 await _respond_refusal(send, refusal.payload_too_large(self.max_body_bytes))
                 return
             # Every body is read by the one strict parser, whichever path serves it: the SDK's
-            # parser would take NaN and 1e400, which nothing after it can write back as JSON.
+            # parser takes NaN and 1e400, the fast path's (Python's) unpaired surrogates too,
+            # which nothing after them can write back as JSON.
             try:
                 message = jsonwire.loads(body)
-            except jsonwire.NotFinite as exc:
+            except jsonwire.NotJson as exc:
                 await _respond(send, 400, _jsonrpc_error(None, PARSE_ERROR, f"Parse error: {exc}"))
                 return
             except (ValueError, RecursionError):

@@ -232,7 +232,7 @@ async def parse_body(request: Request, model: type[BodyT]) -> BodyT:
     # again for the model, with its own limits (nesting ~200 deep) and its words for other errors.
     try:
         jsonwire.loads(raw)
-    except jsonwire.NotFinite as exc:
+    except jsonwire.NotJson as exc:
         raise invalid(f"body: {exc}") from None
     except (ValueError, RecursionError):
         pass  # not JSON at all: pydantic says where, below
