@@ -26,7 +26,6 @@ the upstream request (the upstream sees its stream close) and releases the slot.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -44,7 +43,7 @@ from mcp.shared.inbound import (
 )
 from mcp_types import INTERNAL_ERROR, PARSE_ERROR
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from haltwire import jsonwire, refusal
 from haltwire.errors import unwrapped
@@ -53,6 +52,16 @@ from haltwire.gateway.identities import Identities
 from haltwire.gateway.proxy import Gateway
 from haltwire.gateway.server import IDENTITY_STATE_KEY, build_server
 from haltwire.gateway.stops import credential_refusal
+from haltwire.gateway.wire import (
+    BodyTooLarge,
+    counted,
+    is_tool_call,
+    jsonrpc_error,
+    jsonrpc_result,
+    read_body,
+    replayed,
+    sse_message,
+)
 from haltwire.identity import Identity, bearer_token
 from haltwire.meta import LEASE_HEADER
 from haltwire.refusal import Refusal
@@ -69,10 +78,6 @@ _SSE_HEADERS: Final = [
 _MODERN: Final = frozenset(v.encode() for v in MODERN_PROTOCOL_VERSIONS)
 #: A body that is not JSON at all: the SDK's handler answers it.
 _UNPARSED: Final = object()
-
-
-class BodyTooLarge(Exception):
-    pass
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -96,63 +101,6 @@ async def _respond_refusal(send: Send, r: Refusal) -> None:
     if r.code == "unauthenticated":
         headers.append((b"www-authenticate", b'Bearer realm="haltwire"'))
     await _respond(send, r.http_status, r.http_body(), headers)
-
-
-async def _read_body(receive: Receive, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise anyio.get_cancelled_exc_class()()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """A ``receive`` that yields the already-read body once, then defers to the real one."""
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
-
-
-def _counted(receive: Receive, limit: int) -> Receive:
-    """A ``receive`` that raises ``BodyTooLarge`` once the body is past ``limit`` bytes."""
-    size = 0
-
-    async def counted() -> Message:
-        nonlocal size
-        message = await receive()
-        size += len(message.get("body", b""))
-        if size > limit:
-            raise BodyTooLarge
-        return message
-
-    return counted
-
-
-def _jsonrpc(request_id: Any, result: dict[str, Any]) -> bytes:
-    return json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}, separators=(",", ":")).encode()
-
-
-def _jsonrpc_error(request_id: Any, code: int, message: str, data: Any = None) -> bytes:
-    error: dict[str, Any] = {"code": code, "message": message}
-    if data is not None:
-        error["data"] = data
-    body = {"jsonrpc": "2.0", "id": request_id, "error": error}
-    return json.dumps(body, separators=(",", ":")).encode()
 
 
 class GatewayApp:
@@ -261,7 +209,7 @@ class GatewayApp:
         message: Any = _UNPARSED
         if scope["method"] == "POST":
             try:
-                body = await _read_body(receive, self.max_body_bytes)
+                body = await read_body(receive, self.max_body_bytes)
             except BodyTooLarge:
                 await _respond_refusal(send, refusal.payload_too_large(self.max_body_bytes))
                 return
@@ -271,12 +219,12 @@ class GatewayApp:
             try:
                 message = jsonwire.loads(body)
             except jsonwire.NotJson as exc:
-                await _respond(send, 400, _jsonrpc_error(None, PARSE_ERROR, f"Parse error: {exc}"))
+                await _respond(send, 400, jsonrpc_error(None, PARSE_ERROR, f"Parse error: {exc}"))
                 return
             except (ValueError, RecursionError):
                 pass  # not JSON at all: the SDK answers it with its own parse error
-            receive = _replay(body, receive)
-        if revoked is not None and not _is_tool_call(message):
+            receive = replayed(body, receive)
+        if revoked is not None and not is_tool_call(message):
             await _respond_refusal(send, revoked)
             return
         if (
@@ -288,7 +236,7 @@ class GatewayApp:
             return
         try:
             # The SDK reads the body before it answers; past the limit, its own 413 is plain text.
-            await self._manager.handle_request(scope, _counted(receive, self.max_body_bytes), send)
+            await self._manager.handle_request(scope, counted(receive, self.max_body_bytes), send)
         except BodyTooLarge:
             await _respond_refusal(send, refusal.payload_too_large(self.max_body_bytes))
 
@@ -377,7 +325,7 @@ class GatewayApp:
                 if message is not None:
                     params["message"] = message
                 note = {"jsonrpc": "2.0", "method": "notifications/progress", "params": params}
-                await events_out.send(_sse(note))
+                await events_out.send(sse_message(note))
 
         async def run_call() -> None:
             async with events_out:
@@ -410,15 +358,15 @@ class GatewayApp:
         result = outcome[0]
         status = 200
         if isinstance(result, MCPError):
-            payload = _jsonrpc_error(request_id, result.code, result.message, result.data)
+            payload = jsonrpc_error(request_id, result.code, result.message, result.data)
             status = ERROR_CODE_HTTP_STATUS.get(result.code, 200 if result.code != INTERNAL_ERROR else 500)
         elif isinstance(result, Refusal):
             if identity.refuse_at == "edge" and not committed_sse:
                 await _respond_refusal(send, result)
                 return
-            payload = _jsonrpc(request_id, self._stamp(result.tool_result()))
+            payload = jsonrpc_result(request_id, self._stamp(result.tool_result()))
         else:
-            payload = _jsonrpc(request_id, self._stamp(result))
+            payload = jsonrpc_result(request_id, self._stamp(result))
         if committed_sse:
             data = payload.decode()
             await send(
@@ -432,12 +380,3 @@ class GatewayApp:
         meta = result.get("_meta")
         result["_meta"] = {**meta, **self._server_info} if isinstance(meta, dict) else self._server_info
         return result
-
-
-def _is_tool_call(message: Any) -> bool:
-    """One JSON-RPC request (not a batch, not a notification) whose method is ``tools/call``."""
-    return isinstance(message, dict) and message.get("method") == "tools/call" and "id" in message
-
-
-def _sse(message: dict[str, Any]) -> bytes:
-    return f"event: message\r\ndata: {json.dumps(message, separators=(',', ':'))}\r\n\r\n".encode()
