@@ -420,6 +420,7 @@ def test_gateway_config_rejects_a_plain_executor_token_outside_development() -> 
     data = gateway_config("http://127.0.0.1:9", "http://127.0.0.1:8")
     data["gateway"]["development"] = False
     data["identities"] = []
+    data["upstreams"][0].pop("headers")  # plain: development only
     data["control"] = {"url": "http://127.0.0.1:8", "token_env": "X"}
     from haltwire.config import ConfigError
 

@@ -119,6 +119,8 @@ def _executor(args: argparse.Namespace) -> int:
         assert config.control is not None  # the config requires it with [executor]
         control_url = ", ".join(config.control.urls)
         config.executor.resolve_token()
+        for n, upstream in enumerate(config.upstreams):
+            upstream.resolve_headers(f"upstreams[{n}]")  # a headers_env variable not set: exit 2
     except ConfigError as exc:
         print(f"haltwire executor: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -24,6 +24,22 @@ class ConfigError(Exception):
     """A configuration problem, phrased as ``FILE: KEY: PROBLEM``."""
 
 
+def from_env(key: str, variable: str) -> str:
+    """The value of the environment variable ``variable``, which the config's ``key`` names (a
+    token, a lease secret, an upstream's header, ...): read at start-up, and a ``ConfigError``
+    naming both when it is unset or blank. Secrets outside development come this way only."""
+    value = os.environ.get(variable, "")
+    if not value.strip():
+        raise ConfigError(f"{key}: the environment variable {variable} is not set")
+    return value
+
+
+#: A header's name (RFC 9110 ``token``).
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+#: A variable's name: anything an environment holds (no ``=``, no NUL).
+_VARIABLE = re.compile(r"[^=\x00]+")
+
+
 class ConfigModel(BaseModel):
     """Base of every config table: unknown keys are errors, values are immutable."""
 
@@ -63,7 +79,12 @@ class UpstreamConfig(ConfigModel):
     url: str | None = None
     command: list[str] | None = None
     env: dict[str, str] = Field(default_factory=dict)
+    #: Sent with every request to an HTTP upstream, in plain text: development only (the
+    #: gateway's config refuses them otherwise), since they hold the upstream's credentials.
     headers: dict[str, str] = Field(default_factory=dict)
+    #: Header name -> the environment variable holding its value, read at start-up
+    #: (``resolve_headers``): how a shared API key reaches the upstream outside development.
+    headers_env: dict[str, str] = Field(default_factory=dict)
     prefix: str = ""
     #: Seconds to wait for the upstream to start and list its tools.
     connect_timeout_s: float = Field(default=15.0, gt=0)
@@ -74,13 +95,40 @@ class UpstreamConfig(ConfigModel):
     #: Irreversible tools (the upstream's names) whose intents wait for ``haltwire approve``.
     approval: list[str] = Field(default_factory=list)
 
+    @field_validator("headers", "headers_env")
+    @classmethod
+    def _header_names(cls, headers: dict[str, str]) -> dict[str, str]:
+        for name in headers:
+            if not _HEADER_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not a header name")
+        return headers
+
+    @field_validator("headers_env")
+    @classmethod
+    def _variables(cls, headers_env: dict[str, str]) -> dict[str, str]:
+        for name, variable in headers_env.items():
+            if not _VARIABLE.fullmatch(variable):
+                raise ValueError(f"{name}: give the name of an environment variable holding the header's value")
+        return headers_env
+
     @model_validator(mode="after")
     def _one_transport(self) -> UpstreamConfig:
         if (self.url is None) == (self.command is None):
             raise ValueError("give exactly one of url (streamable HTTP) or command (stdio)")
         if self.command is not None and not self.command:
             raise ValueError("command must not be empty")
+        plain = {name.lower() for name in self.headers}
+        for name in self.headers_env:
+            if name.lower() in plain:
+                raise ValueError(f"{name} is in both headers and headers_env; give it once")
         return self
+
+    def resolve_headers(self, key: str) -> dict[str, str]:
+        """Every header for this upstream: ``headers``, and each of ``headers_env`` from the
+        environment; a ``ConfigError`` naming ``KEY.headers_env.NAME`` and the variable when one
+        is not set (``key`` says which upstream: ``upstreams[0]``)."""
+        found = {name: from_env(f"{key}.headers_env.{name}", var) for name, var in self.headers_env.items()}
+        return {**self.headers, **found}
 
 
 class BearerToken(ConfigModel):
@@ -102,12 +150,7 @@ class BearerToken(ConfigModel):
         if self.token is not None:
             return self.token
         assert self.token_env is not None
-        value = os.environ.get(self.token_env)
-        if not value:
-            raise ConfigError(
-                f"{self._section}.token_env: the environment variable {self.token_env} is not set"
-            )
-        return value
+        return from_env(f"{self._section}.token_env", self.token_env)
 
 
 class ControlLink(BearerToken):
@@ -180,10 +223,7 @@ class LeaseKeyConfig(ConfigModel):
         if self.secret is not None:
             return self.secret.encode()
         assert self.secret_env is not None
-        value = os.environ.get(self.secret_env)
-        if not value:
-            raise ConfigError(f"leases.keys: the environment variable {self.secret_env} is not set")
-        return value.encode()
+        return from_env("leases.keys", self.secret_env).encode()
 
 
 class LeaseKeysSection(ConfigModel):

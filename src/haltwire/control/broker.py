@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from jwt.algorithms import OKPAlgorithm
 from typing_extensions import TypedDict  # pydantic reads typing's only from Python 3.12
 
-from haltwire.config import ConfigError
+from haltwire.config import ConfigError, from_env
 from haltwire.control.config import BrokerSection, ControlConfig
 from haltwire.control.errors import Refused, stopped_by
 from haltwire.control.leases import AuditOnce, ended
@@ -92,10 +92,7 @@ class BrokerKeys:
         for key in section.keys:
             where = f"broker.keys[{key.kid}]"
             if key.private_key_env is not None:
-                text = os.environ.get(key.private_key_env)
-                if not text:
-                    raise ConfigError(f"{where}: the environment variable {key.private_key_env} is not set")
-                pem = text.encode()
+                pem = from_env(where, key.private_key_env).encode()
             else:
                 assert key.private_key_file is not None
                 try:

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from haltwire.config import ConfigError
+from haltwire.config import ConfigError, from_env
 from haltwire.control.config import MIN_AUDIT_KEY, ControlConfig
 from haltwire.store.audit import AuditLog
 from haltwire.store.credentials import CredentialStore
@@ -81,9 +81,7 @@ def audit_key(config: ControlConfig) -> bytes:
     if section.key is not None:
         return section.key.encode()
     if section.key_env is not None:
-        value = os.environ.get(section.key_env, "").strip()
-        if not value:
-            raise ConfigError(f"audit.key_env: the environment variable {section.key_env} is not set")
+        value = from_env("audit.key_env", section.key_env).strip()
         return _long_enough(value, f"the environment variable {section.key_env}")
     path = section.key_file
     if path is None:

@@ -43,6 +43,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from haltwire.store.sqlite import private_file
+
 #: ``_meta`` key of the idempotency key on a call (the gateway's and the executor's contract).
 KEY_META: Final = "io.haltwire/idempotency_key"
 #: The largest refund the API accepts, in cents ($200).
@@ -185,6 +187,8 @@ class Ledger:
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = None if path is None else Path(path)
+        if self.path is not None:
+            private_file(self.path)  # 0600, as every SQLite file haltwire makes
         # Autocommit mode: every transaction is an explicit BEGIN IMMEDIATE ... COMMIT.
         self._db = sqlite3.connect(
             ":memory:" if self.path is None else str(self.path),

@@ -7,7 +7,12 @@ the edge:
 
 1. the bearer token resolves to an identity (``haltwire.gateway.identities``), or the answer is 401;
 2. an identity suspended at the edge gets 403;
-3. a body larger than ``max_body_bytes`` gets 413.
+3. a body larger than ``max_body_bytes`` gets 413, and one holding what is not JSON (NaN,
+   Infinity, 1e400, an unpaired surrogate: ``haltwire.jsonwire``) a JSON-RPC parse error (400),
+   before anything is counted;
+4. a broker credential that a stop has revoked (stopped, or fenced since) gets 403 on every
+   request but a ``tools/call``, which the pipeline refuses as a tool result; so does one while
+   the watch is stale (503).
 
 Then a modern (2026-07-28) ``tools/call`` takes the fast path here: parse, validate the
 envelope with the SDK's own ladder (``classify_inbound_request``), run the ``Gateway``
@@ -30,7 +35,6 @@ the upstream request (the upstream sees its stream close) and releases the slot.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -46,11 +50,11 @@ from mcp.shared.inbound import (
     classify_inbound_request,
     validate_mcp_param_headers,
 )
-from mcp_types import INTERNAL_ERROR
+from mcp_types import INTERNAL_ERROR, PARSE_ERROR
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
-from haltwire import refusal
+from haltwire import jsonwire, refusal
 from haltwire.errors import unwrapped
 from haltwire.gateway.credentials import CREDENTIAL_STATE_KEY
 from haltwire.gateway.hosts import HostCheck
@@ -58,6 +62,17 @@ from haltwire.gateway.identities import Identities
 from haltwire.gateway.proxy import Gateway
 from haltwire.gateway.readiness import NOT_STARTED, Start, readiness
 from haltwire.gateway.server import IDENTITY_STATE_KEY, build_server
+from haltwire.gateway.stops import credential_refusal
+from haltwire.gateway.wire import (
+    BodyTooLarge,
+    counted,
+    is_tool_call,
+    jsonrpc_error,
+    jsonrpc_result,
+    read_body,
+    replayed,
+    sse_message,
+)
 from haltwire.identity import Identity, bearer_token
 from haltwire.meta import LEASE_HEADER
 from haltwire.refusal import Refusal
@@ -72,10 +87,8 @@ _SSE_HEADERS: Final = [
     (b"x-accel-buffering", b"no"),
 ]
 _MODERN: Final = frozenset(v.encode() for v in MODERN_PROTOCOL_VERSIONS)
-
-
-class BodyTooLarge(Exception):
-    pass
+#: A body that is not JSON at all: the SDK's handler answers it.
+_UNPARSED: Final = object()
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -99,63 +112,6 @@ async def _respond_refusal(send: Send, r: Refusal) -> None:
     if r.code == "unauthenticated":
         headers.append((b"www-authenticate", b'Bearer realm="haltwire"'))
     await _respond(send, r.http_status, r.http_body(), headers)
-
-
-async def _read_body(receive: Receive, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise anyio.get_cancelled_exc_class()()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """A ``receive`` that yields the already-read body once, then defers to the real one."""
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
-
-
-def _counted(receive: Receive, limit: int) -> Receive:
-    """A ``receive`` that raises ``BodyTooLarge`` once the body is past ``limit`` bytes."""
-    size = 0
-
-    async def counted() -> Message:
-        nonlocal size
-        message = await receive()
-        size += len(message.get("body", b""))
-        if size > limit:
-            raise BodyTooLarge
-        return message
-
-    return counted
-
-
-def _jsonrpc(request_id: Any, result: dict[str, Any]) -> bytes:
-    return json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}, separators=(",", ":")).encode()
-
-
-def _jsonrpc_error(request_id: Any, code: int, message: str, data: Any = None) -> bytes:
-    error: dict[str, Any] = {"code": code, "message": message}
-    if data is not None:
-        error["data"] = data
-    body = {"jsonrpc": "2.0", "id": request_id, "error": error}
-    return json.dumps(body, separators=(",", ":")).encode()
 
 
 class GatewayApp:
@@ -280,40 +236,56 @@ class GatewayApp:
         state = scope.setdefault("state", {})
         state[IDENTITY_STATE_KEY] = identity
         state[CREDENTIAL_STATE_KEY] = credential  # the SDK path reads it too (server.py)
-        if (
-            scope["method"] == "POST"
-            and _header(scope, b"mcp-method") == b"tools/call"
-            and _header(scope, b"mcp-protocol-version") in _MODERN
-        ):
+        # A stopped or fenced credential authenticates nothing: every request is refused here,
+        # but a tool call, which the pipeline refuses as a tool result the agent reads.
+        watch, revoked = self.gateway.stops, None
+        if credential is not None and watch is not None:  # [broker] needs [control]
+            revoked = credential_refusal(watch, credential)
+        message: Any = _UNPARSED
+        if scope["method"] == "POST":
             try:
-                body = await _read_body(receive, self.max_body_bytes)
+                body = await read_body(receive, self.max_body_bytes)
             except BodyTooLarge:
                 await _respond_refusal(send, refusal.payload_too_large(self.max_body_bytes))
                 return
-            if await self._tools_call(identity, body, scope, receive, send, credential):
+            # Every body is read by the one strict parser, whichever path serves it: the SDK's
+            # parser takes NaN and 1e400, the fast path's (Python's) unpaired surrogates too,
+            # which nothing after them can write back as JSON.
+            try:
+                message = jsonwire.loads(body)
+            except jsonwire.NotJson as exc:
+                await _respond(send, 400, jsonrpc_error(None, PARSE_ERROR, f"Parse error: {exc}"))
                 return
-            receive = _replay(body, receive)
+            except (ValueError, RecursionError):
+                pass  # not JSON at all: the SDK answers it with its own parse error
+            receive = replayed(body, receive)
+        if revoked is not None and not is_tool_call(message):
+            await _respond_refusal(send, revoked)
+            return
+        if (
+            isinstance(message, dict)
+            and _header(scope, b"mcp-method") == b"tools/call"
+            and _header(scope, b"mcp-protocol-version") in _MODERN
+            and await self._tools_call(identity, message, scope, receive, send, credential)
+        ):
+            return
         try:
             # The SDK reads the body before it answers; past the limit, its own 413 is plain text.
-            await self._manager.handle_request(scope, _counted(receive, self.max_body_bytes), send)
+            await self._manager.handle_request(scope, counted(receive, self.max_body_bytes), send)
         except BodyTooLarge:
             await _respond_refusal(send, refusal.payload_too_large(self.max_body_bytes))
 
     async def _tools_call(
         self,
         identity: Identity,
-        body: bytes,
+        msg: dict[str, Any],
         scope: Scope,
         receive: Receive,
         send: Send,
         credential: LeaseClaims | None = None,
     ) -> bool:
-        """Serve a modern ``tools/call``; False hands the request to the SDK instead."""
-        try:
-            msg = json.loads(body)
-        except (ValueError, RecursionError):
-            return False
-        if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0" or msg.get("method") != "tools/call":
+        """Serve a modern ``tools/call`` (the body, parsed); False hands the request to the SDK instead."""
+        if msg.get("jsonrpc") != "2.0" or msg.get("method") != "tools/call":
             return False
         request_id = msg.get("id")
         params = msg.get("params")
@@ -388,7 +360,7 @@ class GatewayApp:
                 if message is not None:
                     params["message"] = message
                 note = {"jsonrpc": "2.0", "method": "notifications/progress", "params": params}
-                await events_out.send(_sse(note))
+                await events_out.send(sse_message(note))
 
         async def run_call() -> None:
             async with events_out:
@@ -421,15 +393,15 @@ class GatewayApp:
         result = outcome[0]
         status = 200
         if isinstance(result, MCPError):
-            payload = _jsonrpc_error(request_id, result.code, result.message, result.data)
+            payload = jsonrpc_error(request_id, result.code, result.message, result.data)
             status = ERROR_CODE_HTTP_STATUS.get(result.code, 200 if result.code != INTERNAL_ERROR else 500)
         elif isinstance(result, Refusal):
             if identity.refuse_at == "edge" and not committed_sse:
                 await _respond_refusal(send, result)
                 return
-            payload = _jsonrpc(request_id, self._stamp(result.tool_result()))
+            payload = jsonrpc_result(request_id, self._stamp(result.tool_result()))
         else:
-            payload = _jsonrpc(request_id, self._stamp(result))
+            payload = jsonrpc_result(request_id, self._stamp(result))
         if committed_sse:
             data = payload.decode()
             await send(
@@ -443,7 +415,3 @@ class GatewayApp:
         meta = result.get("_meta")
         result["_meta"] = {**meta, **self._server_info} if isinstance(meta, dict) else self._server_info
         return result
-
-
-def _sse(message: dict[str, Any]) -> bytes:
-    return f"event: message\r\ndata: {json.dumps(message, separators=(',', ':'))}\r\n\r\n".encode()

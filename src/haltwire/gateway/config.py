@@ -346,6 +346,15 @@ class GatewayConfig(ConfigModel):
             )
         if self.intents.enabled is True and self.control is None:
             raise ValueError("intents.enabled needs [control]: intents are recorded in the control plane")
+        if not self.gateway.development:
+            for n, upstream in enumerate(self.upstreams):
+                if upstream.headers:  # they hold the upstream's credentials, as tokens do
+                    first = next(iter(upstream.headers))
+                    raise ValueError(
+                        f"upstreams[{n}].headers: plain header values are accepted only with "
+                        "gateway.development = true; put each value in an environment variable and "
+                        f'name it instead: headers_env = {{ "{first}" = "ENV_VAR" }}'
+                    )
         return self
 
     def _check_issuer(self, issuer: IssuerSection) -> None:

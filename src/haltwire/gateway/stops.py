@@ -8,6 +8,10 @@ In this order, before anything is routed or counted:
    when a lease or credential names one) and the grant's generation: an active stop is
    ``stopped``; a stop on the run's scopes since the grant is ``lease_invalid`` (the run must
    get a new lease or credential, even once the stop is cleared).
+
+A broker credential is judged at the edge too, on every request whatever its method
+(``credential_refusal``): a stopped or fenced credential authenticates nothing, not even a
+``tools/list``.
 """
 
 from __future__ import annotations
@@ -15,8 +19,8 @@ from __future__ import annotations
 from haltwire import refusal
 from haltwire.identity import Identity
 from haltwire.refusal import Refusal
-from haltwire.scope import call_scopes
-from haltwire.stops import Stopped
+from haltwire.scope import call_scopes, run_scopes
+from haltwire.stops import Stopped, Verdict
 from haltwire.tokens import LeaseClaims
 from haltwire.watch import StopWatch
 
@@ -35,8 +39,22 @@ def verdict_refusal(
     run = lease.run if lease is not None else None
     generation = lease.generation if lease is not None else None
     verdict = watch.stops.verdict(lambda: call_scopes(identity, tool, run), watch.clock(), generation)
-    if verdict is None:
-        return None
+    return None if verdict is None else _refusal(verdict)
+
+
+def credential_refusal(watch: StopWatch, credential: LeaseClaims) -> Refusal | None:
+    """Whether a broker credential may authenticate a request at all, whatever it asks: not while
+    the watch is stale (a stop on its run could not be known), nor while a stop matches its run's
+    scopes (run, agent, tenant, version, global; a tool stop refuses calls to the tool, it revokes
+    no credential), nor ever again once a stop on them came after its grant (fenced)."""
+    if not watch.current():
+        return refusal.registry_unreachable(watch.link.staleness_s)
+    c = credential
+    verdict = watch.stops.verdict(lambda: run_scopes(c.run, c.agent, c.tenant, c.version), watch.clock(), c.generation)
+    return None if verdict is None else _refusal(verdict)
+
+
+def _refusal(verdict: Verdict) -> Refusal:
     if isinstance(verdict, Stopped):
         return refusal.stopped(str(verdict.scope), verdict.stop.stop_id, verdict.stop.reason)
     return refusal.lease_invalid(

@@ -4,21 +4,69 @@ WAL mode with ``synchronous=FULL``: a write that returned is on disk and survive
 being killed (and the machine losing power). A statement runs in a worker thread, under one lock
 per connection, so a transaction's statements are never interleaved with another's; inside a
 write transaction only BEGIN and COMMIT do (``SqliteDb._begin``).
+
+The file is its owner's alone (``private_file``): created 0600 whatever the umask (SQLite would
+make it 0644), which its ``-wal`` and ``-shm`` files then copy; an existing one open to others
+is tightened to 0600 as it is opened, with a warning.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import sqlite3
+import stat
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Self
+from typing import Final, Self
 
 import anyio
 import anyio.to_thread
 
 from haltwire.store.registry import RegistryUnavailable
 from haltwire.store.sql import CLAUSES, Db, Params, Row, Store, Tables, Tx
+
+log = logging.getLogger("haltwire.store")
+
+#: The files of one database: SQLite names its sidecars after it (WAL, shared memory, rollback journal).
+SIDECARS: Final = ("-wal", "-shm", "-journal")
+
+
+def private_file(path: str | Path) -> None:
+    """Make the SQLite database at ``path`` readable and writable by its owner only.
+
+    A missing file is created empty (SQLite takes a zero-length file as a new database) with mode
+    0600, set with ``fchmod`` so the umask has no say; SQLite gives the ``-wal``, ``-shm`` and
+    ``-journal`` files it creates later the database's own mode. A database or sidecar that
+    exists and is open to its group or others (an earlier version made them 0644) loses those
+    bits, with a warning; one this process may not change is warned about and left as it is.
+    ``:memory:`` and the empty path (a temporary database) have no file.
+    """
+    name = str(path)
+    if name in ("", ":memory:"):
+        return
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        try:
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
+    for file in (name, *(name + suffix for suffix in SIDECARS)):
+        try:
+            mode = stat.S_IMODE(os.stat(file).st_mode)
+        except FileNotFoundError:
+            continue
+        if mode & 0o077:
+            try:
+                os.chmod(file, mode & 0o700)
+            except OSError as exc:
+                log.warning("%s is mode %04o, open to others, and cannot be made its owner's only: %s", file, mode, exc)
+            else:
+                log.warning("%s was mode %04o, open to others: made %04o, its owner's only", file, mode, mode & 0o700)
 
 
 def _names(tables: Tables) -> dict[str, str]:
@@ -82,8 +130,9 @@ class SqliteDb(Db):
             return conn
 
         try:
+            await anyio.to_thread.run_sync(private_file, path)
             writer = await anyio.to_thread.run_sync(connect, script)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:
             raise RegistryUnavailable(f"cannot open the {tables.what} at {path}: {exc}") from exc
         try:
             reader = await anyio.to_thread.run_sync(connect, "")

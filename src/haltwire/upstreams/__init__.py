@@ -76,9 +76,11 @@ class Route:
 
 
 class Upstream:
-    def __init__(self, config: UpstreamConfig) -> None:
+    def __init__(self, config: UpstreamConfig, headers: dict[str, str] | None = None) -> None:
         self.config = config
         self.name = config.name
+        #: What is sent with every request (``UpstreamConfig.resolve_headers``: ``headers_env`` read).
+        self.headers = config.headers if headers is None else headers
         self._client: Client | None = None
         self._modern: ModernHttpCaller | None = None
         self.tools: list[types.Tool] = []
@@ -94,7 +96,7 @@ class Upstream:
         target: Any
         if c.url is not None:
             http = await stack.enter_async_context(
-                httpx2.AsyncClient(headers=c.headers, timeout=HTTP_TIMEOUT, limits=HTTP_LIMITS)
+                httpx2.AsyncClient(headers=self.headers, timeout=HTTP_TIMEOUT, limits=HTTP_LIMITS)
             )
             target = streamable_http_client(c.url, http_client=http)
         else:
@@ -107,7 +109,7 @@ class Upstream:
         self.tools = await self._list_all()
         if c.url is not None and client.protocol_version in MODERN_PROTOCOL_VERSIONS:
             modern = ModernHttpCaller(
-                c.url, client.protocol_version, self.tools, headers=c.headers, name=self.name
+                c.url, client.protocol_version, self.tools, headers=self.headers, name=self.name
             )
             stack.push_async_callback(modern.aclose)
             self._modern = modern
@@ -211,7 +213,8 @@ class Upstreams:
     """Every upstream, and the exposed tool name -> route table."""
 
     def __init__(self, configs: list[UpstreamConfig]) -> None:
-        self.upstreams = [Upstream(c) for c in configs]
+        """``ConfigError`` when a ``headers_env`` variable is not set (a start-up error)."""
+        self.upstreams = [Upstream(c, c.resolve_headers(f"upstreams[{n}]")) for n, c in enumerate(configs)]
         self._routes: dict[str, Route] = {}
         self._tools: list[types.Tool] = []
         self._schemas: dict[str, dict[str, Any]] = {}

@@ -42,7 +42,7 @@ from mcp_types import (
 )
 from yarl import URL
 
-from haltwire import __version__
+from haltwire import __version__, jsonwire
 from haltwire.errors import describe
 
 Progress = ProgressFnT
@@ -222,7 +222,7 @@ class ModernHttpCaller:
             # A JSON-RPC error may come with a 4xx/5xx status: it is the answer.
             if content_type == "application/json":
                 try:
-                    error = _error_of(json.loads(await response.read()))
+                    error = _error_of(jsonwire.loads(await response.read()))
                 except (ValueError, RecursionError):
                     error = None
                 if error is not None:
@@ -236,7 +236,7 @@ class ModernHttpCaller:
             raise MCPError(INVALID_REQUEST, "server answered a request with 202 Accepted")
         if content_type == "application/json":
             try:
-                message = json.loads(await response.read())
+                message = jsonwire.loads(await response.read())
             except (ValueError, RecursionError) as exc:
                 raise MCPError(PARSE_ERROR, f"Failed to parse JSON response: {exc}") from exc
             return _settle(message, request_id)
@@ -252,7 +252,7 @@ class ModernHttpCaller:
             chunk = await response.content.readany()
             for data in events.feed(chunk, final=not chunk):
                 try:
-                    message = json.loads(data)
+                    message = jsonwire.loads(data)
                 except (ValueError, RecursionError) as exc:
                     raise MCPError(PARSE_ERROR, f"Failed to parse SSE message: {exc}") from exc
                 if not isinstance(message, dict):

@@ -8,6 +8,7 @@ The watch stream is server-sent events of registry changes after a revision (``?
 it is written, with a ``: heartbeat`` comment every ``heartbeat_s`` when idle. An
 ``audit-head`` event (``{"seq", "hash"}``) publishes the audit log's head when it moves, so a
 follower can hold it outside the database (``GET /v1/audit/verify?expect_head=SEQ:HASH``).
+A replay is written a page per write; a watcher that hangs up ends it before the next page.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from dataclasses import asdict
 from typing import Any, Final, get_args
 
 import anyio
+import anyio.lowlevel
 from pydantic import Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import Message
 
 from haltwire.control import audit, stops
 from haltwire.control.errors import Refused, invalid
@@ -159,23 +162,35 @@ async def watch(request: Request) -> Response:
     # A failing store answers 503 before streaming.
     first = await stops.changes_after(plane, who, since)
 
-    async def events() -> AsyncIterator[ServerSentEvent]:
+    gone = anyio.Event()
+
+    async def hung_up(message: Message) -> None:
+        gone.set()
+
+    async def events() -> AsyncIterator[bytes]:
         after, (changes, last), replayed = since, first, False
         head: Head | None = None
-        while True:
+        while not gone.is_set():
             read_any = last > after  # the page read was not empty (some may be hidden from us)
-            for c in changes:
-                yield ServerSentEvent(
+            out = [
+                ServerSentEvent(
                     json.dumps(change_json(c), separators=(",", ":")), event=c.kind, id=str(c.revision)
-                )
+                ).encode()
+                for c in changes
+            ]
             changed = plane.changed  # taken before the read: a write after it wakes us
             if not read_any and not replayed:
                 # Every missed change is sent: only from here may a watcher count itself current.
                 replayed = True
-                yield ServerSentEvent(comment=CAUGHT_UP, sep="\n")
+                out.append(ServerSentEvent(comment=CAUGHT_UP, sep="\n").encode())
             if replayed and plane.audit_head is not None and plane.audit_head != head:
                 head = plane.audit_head
-                yield ServerSentEvent(json.dumps({"seq": head.seq, "hash": head.hash}), event="audit-head")
+                out.append(ServerSentEvent(json.dumps({"seq": head.seq, "hash": head.hash}), event="audit-head").encode())
+            if out:
+                # One write per page, then the page read gives the event loop a turn: a client
+                # that hung up is known before the next write. A page's events written one by
+                # one went on after the first write failed, each logging "socket.send() raised".
+                yield b"".join(out)
             if not read_any:
                 # Woken by a write (ours, or another replica's via the registry's
                 # follow_writes), else re-read once a heartbeat period as a fallback.
@@ -183,10 +198,14 @@ async def watch(request: Request) -> Response:
                     await changed.wait()
             after = last
             try:
-                changes, last = await stops.changes_after(plane, who, after)
+                # Shielded: a hang-up ends the stream between pages, never a read mid-query (on
+                # PostgreSQL a query cut short closes the read connection every request shares).
+                with anyio.CancelScope(shield=True):
+                    changes, last = await stops.changes_after(plane, who, after)
             except RegistryUnavailable as exc:
-                yield ServerSentEvent(json.dumps({"error": str(exc)}), event="error")
+                yield ServerSentEvent(json.dumps({"error": str(exc)}), event="error").encode()
                 return
+            await anyio.lowlevel.checkpoint_if_cancelled()  # the hang-up's cancellation, if any
 
     return EventSourceResponse(
         events(),
@@ -194,6 +213,7 @@ async def watch(request: Request) -> Response:
         sep="\n",
         ping_message_factory=lambda: ServerSentEvent(comment="heartbeat", sep="\n"),
         headers={"Cache-Control": "no-store"},
+        client_close_handler_callable=hung_up,
     )
 
 

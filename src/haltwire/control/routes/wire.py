@@ -33,6 +33,7 @@ from pydantic.json_schema import JsonSchemaMode
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from haltwire import jsonwire
 from haltwire.control.access import ROLES, authenticate, authorize
 from haltwire.control.config import Caller, Role
 from haltwire.control.errors import Refused, invalid
@@ -226,6 +227,15 @@ async def parse_body(request: Request, model: type[BodyT]) -> BodyT:
     """The request's JSON body as ``model``: ``Refused`` 413 past its limit, 422 naming the
     first problems (the fields, and the limits they break; never the values)."""
     raw = await read_body(request, getattr(plane_of(request).config.control, model.body_limit))
+    # The one strict parser first (``haltwire.jsonwire``): pydantic's reads NaN and 1e400 into any
+    # untyped field, which no answer or store can write back as JSON. Then pydantic parses it
+    # again for the model, with its own limits (nesting ~200 deep) and its words for other errors.
+    try:
+        jsonwire.loads(raw)
+    except jsonwire.NotJson as exc:
+        raise invalid(f"body: {exc}") from None
+    except (ValueError, RecursionError):
+        pass  # not JSON at all: pydantic says where, below
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:

@@ -1,0 +1,81 @@
+"""The gateway edge's plumbing on the wire: a request body read within its limit (and handed on
+to the SDK's handler as if unread), JSON-RPC answers and their server-sent-event framing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+from starlette.types import Message, Receive
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def read_body(receive: Receive, limit: int) -> bytes:
+    """The whole body; ``BodyTooLarge`` past ``limit`` bytes, cancelled if the client goes."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise anyio.get_cancelled_exc_class()()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def replayed(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that yields the already-read body once, then defers to the real one."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def counted(receive: Receive, limit: int) -> Receive:
+    """A ``receive`` that raises ``BodyTooLarge`` once the body is past ``limit`` bytes."""
+    size = 0
+
+    async def count() -> Message:
+        nonlocal size
+        message = await receive()
+        size += len(message.get("body", b""))
+        if size > limit:
+            raise BodyTooLarge
+        return message
+
+    return count
+
+
+def is_tool_call(message: Any) -> bool:
+    """One JSON-RPC request (not a batch, not a notification) whose method is ``tools/call``."""
+    return isinstance(message, dict) and message.get("method") == "tools/call" and "id" in message
+
+
+def jsonrpc_result(request_id: Any, result: dict[str, Any]) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}, separators=(",", ":")).encode()
+
+
+def jsonrpc_error(request_id: Any, code: int, message: str, data: Any = None) -> bytes:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    body = {"jsonrpc": "2.0", "id": request_id, "error": error}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def sse_message(message: dict[str, Any]) -> bytes:
+    return f"event: message\r\ndata: {json.dumps(message, separators=(',', ':'))}\r\n\r\n".encode()
