@@ -53,7 +53,7 @@ _SPACED: Final = re.compile(r" (?:[a-z] ){2,}[a-z](?![a-z])")
 _FOLD: Final = str.maketrans(
     {
         **dict(zip("аеорсухіјѕԁһӏԛԝɡοαιυνκρτχ", "aeopcyxijsdhlqwgoaiuvkptx", strict=True)),
-        **dict(zip("013457@$", "oieastas", strict=True)),
+        **dict(zip("013457", "oieast", strict=True)),
         **dict.fromkeys("*_~`"),
         **dict.fromkeys("\u2018\u2019\u02bc", "'"),
         **dict.fromkeys("\u201c\u201d", '"'),
