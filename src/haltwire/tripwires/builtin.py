@@ -66,12 +66,15 @@ def _may_match(p: phrases.Pattern, view: str, present: frozenset[str]) -> bool:
     return not p.needles or any(n in view for n in p.needles)
 
 
-def _matches(p: phrases.Pattern, view: str) -> Iterator[re.Match[str]]:
+def _matches(p: phrases.Pattern, view: str, present: frozenset[str]) -> Iterator[re.Match[str]]:
     """``p``'s matches in ``view``, in order: tried where its lead words are, when it has some
     and they are not too many (``_MAX_STARTS``), else by a search of the whole view."""
     if p.lead:
         starts: list[int] = []
         for word in p.lead:
+            first = word.split(" ", 1)[0]
+            if first.isalpha() and first not in present:
+                continue  # not in the text: no need to look for where
             at = view.find(word)
             while at >= 0 and len(starts) <= _MAX_STARTS:
                 starts.append(at)
@@ -131,10 +134,10 @@ class BuiltinDetector:
             if (p.weight >= 1.0 and p.kind in found) or not _may_match(p, view, present):
                 continue
             if p.weight >= 1.0:
-                if m := next(_matches(p, view), None):
+                if m := next(_matches(p, view, present), None):
                     add(p.kind, excerpt(view, m.start(), m.end()))
                 continue
-            for m in islice(_matches(p, view), _CUES_PER_PATTERN):
+            for m in islice(_matches(p, view, present), _CUES_PER_PATTERN):
                 cues.append(_Cue(m.start(), p.kind, p.category, p.weight, p.view, m.end()))
         self._links(views["plain"], add, cues)
         self._combine(cues, views, add)

@@ -109,7 +109,7 @@ PATTERNS: Final[tuple[Pattern, ...]] = (
     _p(INSTRUCTION_OVERRIDE, "override", 1.0, "folded",
        r"\byou are now (?:in )?(?:an? )?(?:dan|developer mode|jailbreak|jailbroken|god mode|unrestricted|"
        r"unfiltered|uncensored|evil)\b|\byou are no longer (?:bound|restricted|limited|required to follow|"
-       r"an? (?:ai|assistant|language model|chatbot))\b", _w("you"), _w("now longer")),
+       r"an? (?:ai|assistant|language model|chatbot))\b", _w("you"), _w("now longer"), lead="you are"),
     _p(INSTRUCTION_OVERRIDE, "override", 1.0, "folded",
        r"\b(?:reveal|print|show|output|repeat|display|leak|dump|write out|tell me|give me) (?:me )?(?:your|the) "
        r"(?:(?:full|entire|complete|original|hidden|initial|exact) ){0,2}"
