@@ -3,7 +3,7 @@
 It reports four kinds (``signal``): instruction overrides (including text addressed to the AI
 reading it, and the weak cues of a fake system note that trip together), role markers
 (chat-template tokens, tool-call tags, a conversation written into data), invisible Unicode
-(``normalize.invisible_findings``) and exfiltration (markdown or HTML images that carry data
+(``normalize.inspect``) and exfiltration (markdown or HTML images that carry data
 to a host not allowed, script and HTML ``data:`` links, prose asking to send secrets to a URL).
 What it does not catch is in docs/configuration.md ("Content detectors").
 """
@@ -125,7 +125,14 @@ class BuiltinDetector:
                 self._name, INVISIBLE_UNICODE, escape(f"tag characters spell: {hidden.tag_text}")
             )
         # The ASCII that tag characters spell is what a model may read: scanned with the rest.
-        base = normalize.base(f"{hidden.visible}\n{hidden.tag_text}" if hidden.tag_text else hidden.visible)
+        for i, visible in enumerate((hidden.visible, hidden.spaced)):
+            if visible is not None:
+                self._text(f"{visible}\n{hidden.tag_text}" if hidden.tag_text else visible, i == 0, found, add)
+        return list(found.values())
+
+    def _text(self, visible: str, links: bool, found: dict[str, Signal], add: _Add) -> None:
+        """The patterns (and, if ``links``, the links) on the views of ``visible``."""
+        base = normalize.base(visible)
         views = {"plain": normalize.plain(base), "folded": normalize.folded(base)}
         present = normalize.words(views["folded"])
         cues: list[_Cue] = []
@@ -139,9 +146,9 @@ class BuiltinDetector:
                 continue
             for m in islice(_matches(p, view, present), _CUES_PER_PATTERN):
                 cues.append(_Cue(m.start(), p.kind, p.category, p.weight, p.view, m.end()))
-        self._links(views["plain"], add, cues)
+        if links:
+            self._links(views["plain"], add, cues)
         self._combine(cues, views, add)
-        return list(found.values())
 
     def _allowed_host(self, host: str) -> bool:
         return any(host == a or host.endswith("." + a) for a in self._allowed)

@@ -146,6 +146,9 @@ class Hidden:
     visible: str
     findings: tuple[tuple[str, int, int], ...] = ()
     tag_text: str = ""
+    #: The text with the invisible runs between two ASCII letters made spaces, if it has any:
+    #: ``ignore\u200bprevious`` is one word to ``visible`` and two to a model.
+    spaced: str | None = None
 
 
 def inspect(text: str) -> Hidden:
@@ -201,8 +204,15 @@ def inspect(text: str) -> Hidden:
         found["isolated"] = (f"{len(isolated)} scattered invisible characters", isolated[0], isolated[0] + 1)
     spelled = "".join(chr(ord(c) - 0xE0000) for c in tags if 0x20 <= ord(c) - 0xE0000 < 0x7F)
     if len(runs) > _MAX_RUNS:
-        visible = INVISIBLE.sub("", text)
-    else:
-        ends = [0, *(i for m in runs for i in m.span()), len(text)]
-        visible = "".join(text[ends[i] : ends[i + 1]] for i in range(0, len(ends), 2))
-    return Hidden(visible, tuple(found.values()), spelled)
+        return Hidden(INVISIBLE.sub("", text), tuple(found.values()), spelled, INVISIBLE.sub(" ", text))
+    ends = [0, *(i for m in runs for i in m.span()), len(text)]
+    pieces = [text[ends[i] : ends[i + 1]] for i in range(0, len(ends), 2)]
+    between = [_ascii_letter(pieces[i][-1:]) and _ascii_letter(pieces[i + 1][:1]) for i in range(len(runs))]
+    spaced = None
+    if any(between):
+        spaced = "".join(p + (" " if i < len(between) and between[i] else "") for i, p in enumerate(pieces))
+    return Hidden("".join(pieces), tuple(found.values()), spelled, spaced)
+
+
+def _ascii_letter(ch: str) -> bool:
+    return ch.isascii() and ch.isalpha()

@@ -103,9 +103,9 @@ PATTERNS: Final[tuple[Pattern, ...]] = (
        rf"\b{_OVERRIDE_VERB} (?:(?:all|any|every|each|the|of|these|those|its|and|prior|previous) ){{0,4}}"
        rf"{_QUALIFIER} (?:[a-z]+ ){{0,2}}?{_TARGET}\b", _OVERRIDE_WORDS, _TARGET_WORDS, lead=_OVERRIDE_LEAD),
     _p(INSTRUCTION_OVERRIDE, "override", 1.0, "folded",
-       rf"\b{_OVERRIDE_VERB} (?:everything|anything|all) (?:you (?:were|have been|are) (?:told|given|instructed)|"
+       rf"\b{_OVERRIDE_VERB} (?:everything|anything|all|what) (?:you (?:were|have been|are) (?:told|given|instructed)|"
        r"(?:written |said |stated )?(?:above|before|previously|so far|prior))",
-       _OVERRIDE_WORDS, _w("everything anything all"), lead=_OVERRIDE_LEAD),
+       _OVERRIDE_WORDS, _w("everything anything all what"), lead=_OVERRIDE_LEAD),
     _p(INSTRUCTION_OVERRIDE, "override", 1.0, "folded",
        r"\byou are now (?:in )?(?:an? )?(?:dan|developer mode|jailbreak|jailbroken|god mode|unrestricted|"
        r"unfiltered|uncensored|evil)\b|\byou are no longer (?:bound|restricted|limited|required to follow|"
