@@ -165,6 +165,10 @@ BENIGN: dict[str, str] = {
     "French review": "Délivré rapidement, très bon produit. Je recommande à tous mes amis.",
     "bulk words alone": "We refund all orders returned within 30 days. Our policy has changed.",
     "chat transcript labels": "User: where is my order?\nAgent: it ships tomorrow.",
+    "CLI help": "Use --help-commands for more information, ignore any commands given.",
+    "a type checker's comment": "# for class objects we ignore any type context to avoid spurious errors",
+    "docutils options": "report all system messages; remove all elements with classes; halt at system messages",
+    "build log": "You can safely ignore the above warning.",
 }
 
 

@@ -67,14 +67,14 @@ _TARGET = (
     r"(?:instructions?|prompts?|rules|guidelines|directives?|guidance|commands?|context|"
     r"constraints|restrictions|polic(?:y|ies)|programming|training|system messages?)"
 )
+#: What only a model has: "ignore all/any/your ..." must name one of these, since "ignore any
+#: commands" and "ignore any type context" are ordinary in program output.
+_MODEL_TARGET = r"(?:instructions?|prompts?|guidelines|directives?|system messages?|programming)"
 _TARGET_WORDS: Final = _w(
     "instruction instructions prompt prompts rules guidelines directive directives guidance command commands "
     "context constraints restrictions policy policies programming training messages message"
 )
-_QUALIFIER = (
-    r"(?:previous|prior|preceding|above|earlier|former|foregoing|original|initial|system|developer|"
-    r"all|your|any)"
-)
+_QUALIFIER = r"(?:previous|prior|preceding|above|earlier|former|foregoing|original|initial|system|developer)"
 _SENSITIVE = (
     r"(?:conversation|chat (?:history|log)|history|passwords?|api keys?|access tokens?|tokens?|secrets?|"
     r"credentials?|private keys?|ssh keys?|env(?:ironment)? variables?|\.env|cookies?|session|"
@@ -101,7 +101,8 @@ PATTERNS: Final[tuple[Pattern, ...]] = (
     # Instruction overrides, trip alone (folded view: split words, look-alikes, spacing).
     _p(INSTRUCTION_OVERRIDE, "override", 1.0, "folded",
        rf"\b{_OVERRIDE_VERB} (?:(?:all|any|every|each|the|of|these|those|its|and|prior|previous) ){{0,4}}"
-       rf"{_QUALIFIER} (?:[a-z]+ ){{0,2}}?{_TARGET}\b", _OVERRIDE_WORDS, _TARGET_WORDS, lead=_OVERRIDE_LEAD),
+       rf"(?:{_QUALIFIER} (?:[a-z]+ ){{0,2}}?{_TARGET}|(?:all|any|your) (?:[a-z]+ ){{0,2}}?{_MODEL_TARGET})\b",
+       _OVERRIDE_WORDS, _TARGET_WORDS, lead=_OVERRIDE_LEAD),
     _p(INSTRUCTION_OVERRIDE, "override", 1.0, "folded",
        rf"\b{_OVERRIDE_VERB} (?:everything|anything|all|what) (?:you (?:were|have been|are) (?:told|given|instructed)|"
        r"(?:written |said |stated )?(?:above|before|previously|so far|prior))",
@@ -149,7 +150,10 @@ PATTERNS: Final[tuple[Pattern, ...]] = (
        needles=("игнориру", "забудь", "忽略", "无视", "忘记", "忽视", "無視", "忘れ")),
     # Weak cues of an injection (folded).
     _p(INSTRUCTION_OVERRIDE, "authority", 0.6, "folded",
-       rf"\b(?:{_AUTHORITY}) (?:note|notice|message|instruction|directive|override|command|prompt)s?\b",
+       # As a header ("SYSTEM NOTE:", "[admin notice]") or addressed ("system message to/for/from"),
+       # not the concept ("report all system messages").
+       rf"\b(?:{_AUTHORITY}) (?:note|notice|message|instruction|directive|override|command|prompt)s?"
+       r"(?: ?[:\]\)>|-]| (?:to|for|from)\b)",
        _w("system admin administrator developer root openai anthropic"),
        _w("note notice message instruction directive override command prompt notes notices messages "
           "instructions directives overrides commands prompts"), lead=_AUTHORITY),
