@@ -105,7 +105,7 @@ PATTERNS: Final[tuple[Pattern, ...]] = (
        _OVERRIDE_WORDS, _TARGET_WORDS, lead=_OVERRIDE_LEAD),
     _p(INSTRUCTION_OVERRIDE, "override", 1.0, "folded",
        rf"\b{_OVERRIDE_VERB} (?:everything|anything|all|what) (?:you (?:were|have been|are) (?:told|given|instructed)|"
-       r"(?:written |said |stated )?(?:above|before|previously|so far|prior))",
+       r"(?:(?:that |which )?(?:came|was|were|is) |written |said |stated )?(?:above|before|previously|so far|prior|earlier))",
        _OVERRIDE_WORDS, _w("everything anything all what"), lead=_OVERRIDE_LEAD),
     _p(INSTRUCTION_OVERRIDE, "override", 1.0, "folded",
        r"\byou are now (?:in )?(?:an? )?(?:dan|developer mode|jailbreak|jailbroken|god mode|unrestricted|"

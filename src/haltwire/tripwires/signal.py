@@ -25,9 +25,9 @@ class Signal:
     """One reason to believe a text carries an injection.
 
     ``evidence`` is a short excerpt (at most ``EVIDENCE_CHARS``), escaped by ``escape``, so it
-    is one printable line that is safe to log and to put in an audit record. ``score`` is in
-    (0, 1]: 1.0 for a pattern that trips alone, the sum of the weak cues that tripped together
-    otherwise, or the model's score.
+    is one printable line that is safe to log and to put in an audit record. ``score``: 1.0 for
+    a pattern that trips alone, the sum of the weights of weak cues that tripped together (1.0
+    or more), or a model's score (up to 1.0).
     """
 
     detector: str
