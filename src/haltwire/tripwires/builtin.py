@@ -122,7 +122,7 @@ class BuiltinDetector:
             add(INVISIBLE_UNICODE, f"{reason}: {excerpt(text, start, end, 24)}")
         if hidden.tag_text:
             found[INVISIBLE_UNICODE] = Signal(
-                self._name, INVISIBLE_UNICODE, escape(f"tag characters spell: {hidden.tag_text}")
+                self._name, INVISIBLE_UNICODE, escape(f"invisible characters spell: {hidden.tag_text}")
             )
         # The ASCII that tag characters spell is what a model may read: scanned with the rest.
         for i, visible in enumerate((hidden.visible, hidden.spaced)):

@@ -38,6 +38,7 @@ _TAGS: Final = frozenset(map(chr, range(0xE0000, 0xE0080)))
 #: Tag letters and digits, and the cancel tag: an emoji subdivision flag (England, Scotland,
 #: Wales) is U+1F3F4, up to 7 of the former, then the latter.
 _FLAG_TAGS: Final = frozenset(map(chr, (*range(0xE0030, 0xE003A), *range(0xE0061, 0xE007B))))
+_SELECTORS: Final = frozenset(map(chr, (*range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0))))
 _BIDI: Final = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 #: The most runs of invisible characters one scan looks at (many more trip anyway).
 _MAX_RUNS: Final = 4096
@@ -141,7 +142,8 @@ def _legitimate(text: str, start: int, run: str) -> bool:
 @dataclass(frozen=True, slots=True)
 class Hidden:
     """What ``inspect`` found: the text without its invisible characters; (reason, start, end)
-    findings, at most one per reason; the ASCII that tag characters spell."""
+    findings, at most one per reason; the text that tag characters and runs of variation
+    selectors spell."""
 
     visible: str
     findings: tuple[tuple[str, int, int], ...] = ()
@@ -158,7 +160,8 @@ def inspect(text: str) -> Hidden:
       the "ASCII smuggling" channel, is returned to be scanned too);
     - bidi overrides (U+202D, U+202E): always; embeddings and isolates when unbalanced
       (balanced isolates are what i18n libraries insert around placeholders);
-    - a run of two or more zero-width characters that is not part of an emoji sequence;
+    - a run of two or more zero-width characters that is not part of an emoji sequence (a run
+      of variation selectors is decoded as bytes and returned with the tags' text);
     - ``ISOLATED_LIMIT`` or more lone zero-width characters outside the contexts that use them
       (emoji ZWJ sequences, joiners between non-Latin letters, line-break hints in scripts
       without spaces, a leading BOM, direction marks, single soft hyphens).
@@ -189,6 +192,8 @@ def inspect(text: str) -> Hidden:
             continue
         if len(run) >= 2:
             found.setdefault("run", (f"a run of {len(run)} invisible characters", at, m.end()))
+            if len(run) >= 4 and _SELECTORS.issuperset(run):
+                tags.extend(_selector_text(run))
         else:
             isolated.append(at)
     if "\u202d" in bidi or "\u202e" in bidi:
@@ -202,7 +207,8 @@ def inspect(text: str) -> Hidden:
         found["bidi"] = ("unbalanced bidi controls", at, at + 1)
     if len(isolated) >= ISOLATED_LIMIT:
         found["isolated"] = (f"{len(isolated)} scattered invisible characters", isolated[0], isolated[0] + 1)
-    spelled = "".join(chr(ord(c) - 0xE0000) for c in tags if 0x20 <= ord(c) - 0xE0000 < 0x7F)
+    spelled = "".join(c if c not in _TAGS else chr(ord(c) - 0xE0000) for c in tags)
+    spelled = "".join(c for c in spelled if c.isprintable() or c == "\n")
     if len(runs) > _MAX_RUNS:
         return Hidden(INVISIBLE.sub("", text), tuple(found.values()), spelled, INVISIBLE.sub(" ", text))
     ends = [0, *(i for m in runs for i in m.span()), len(text)]
@@ -212,6 +218,13 @@ def inspect(text: str) -> Hidden:
     if any(between):
         spaced = "".join(p + (" " if i < len(between) and between[i] else "") for i, p in enumerate(pieces))
     return Hidden("".join(pieces), tuple(found.values()), spelled, spaced)
+
+
+def _selector_text(run: str) -> str:
+    # "Emoji smuggling": bytes 0-15 as U+FE00..FE0F, 16-255 as U+E0100..E01EF, after one
+    # visible character; decoded as UTF-8 so the text they carry is scanned too.
+    data = bytes(ord(c) - 0xFE00 if ord(c) <= 0xFE0F else ord(c) - 0xE0100 + 16 for c in run)
+    return data.decode("utf-8", "replace") + "\n"
 
 
 def _ascii_letter(ch: str) -> bool:
