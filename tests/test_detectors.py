@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 
 from haltwire.config import ConfigError
 from haltwire.demo.shop import INJECTED_ORDER, INJECTION, ORDERS, Shop
+from haltwire.tripwires import normalize, phrases
+from haltwire.tripwires.builtin import _matches
 from haltwire.tripwires.detectors import (
     EXFILTRATION,
     INSTRUCTION_OVERRIDE,
@@ -185,6 +187,26 @@ BENIGN: dict[str, str] = {
 @pytest.mark.parametrize("name", sorted(BENIGN))
 def test_ordinary_output_does_not_trip(name: str) -> None:
     assert DETECTOR.scan(BENIGN[name]) == []
+
+
+def test_the_demo_review_trips_on_all_four_of_its_cues() -> None:
+    [signal] = DETECTOR.scan(INJECTION)
+    assert signal.evidence.startswith("addressee+authority+bulk_action+directive: ")
+
+
+def test_looking_where_the_lead_words_are_finds_what_a_full_search_finds() -> None:
+    # A pattern with lead words is tried only where they occur; a lead that is not a whole
+    # word of the text (say "polic" for "policy") would silently never match.
+    texts = [INJECTION, *(t for _k, t in ATTACKS.values()), *BENIGN.values()]
+    for text in texts:
+        base = normalize.base(normalize.inspect(text).visible)
+        views = {"plain": normalize.plain(base), "folded": normalize.folded(base)}
+        present = normalize.words(views["folded"])
+        for pattern in phrases.PATTERNS:
+            if pattern.lead:
+                view = views[pattern.view]
+                fast = [m.span() for m in _matches(pattern, view, present)]
+                assert fast == [m.span() for m in pattern.regex.finditer(view)], (pattern.category, text)
 
 
 def test_the_other_demo_reviews_do_not_trip() -> None:

@@ -170,7 +170,7 @@ PATTERNS: Final[tuple[Pattern, ...]] = (
        lead=_NOTE),
     _p(INSTRUCTION_OVERRIDE, "directive", 0.4, "folded",
        r"\bpolic(?:y|ies) (?:has |have )?(?:(?:been )?changed|been updated)\b",
-       _w("policy policies"), _w("changed updated"), lead="polic"),
+       _w("policy policies"), _w("changed updated"), lead="policy|policies"),
     _p(INSTRUCTION_OVERRIDE, "directive", 0.4, "folded",
        r"\b(?:from now on|henceforth|going forward),? (?:you|always|never|all)\b",
        _w("from henceforth going"), _w("now henceforth forward"), lead="from now on|henceforth|going forward"),
