@@ -45,9 +45,11 @@ _MAX_RUNS: Final = 4096
 #: Suspicious zero-width characters standing alone anywhere in a text: this many trip.
 ISOLATED_LIMIT: Final = 16
 
-#: Three or more single letters, each followed by one space: "i g n o r e" (the words of such
-#: letters are told apart by a wider gap). Starts with a literal, so ``re`` searches fast.
-_SPACED: Final = re.compile(r" (?:[a-z] ){2,}[a-z](?![a-z])")
+#: Three or more single letters, each followed by one space, dot or hyphen: "i g n o r e",
+#: "i-g-n-o-r-e" (the words of such letters are told apart by a wider gap). Starts with a
+#: literal, so ``re`` searches fast.
+_SPACED: Final = re.compile(r" (?:[a-z][ .-]){2,}[a-z](?![a-z])")
+_SPACED_SEPARATORS: Final = re.compile(r"[ .-]")
 
 #: Look-alike Cyrillic and Greek letters and digit/symbol spellings to Latin; markdown
 #: emphasis and combining marks (diacritics, after NFKD) removed.
@@ -88,7 +90,7 @@ def folded(base_text: str) -> str:
     if not text.isascii():
         text = _NON_ASCII.sub(_fold_run, text)
     text = " " + text.translate(_FOLD)
-    text = _SPACED.sub(lambda m: " " + m.group().replace(" ", ""), text)
+    text = _SPACED.sub(lambda m: " " + _SPACED_SEPARATORS.sub("", m.group()), text)
     return " ".join(text.split())
 
 

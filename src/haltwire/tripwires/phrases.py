@@ -86,7 +86,7 @@ _SENSITIVE_WORDS: Final = _w(
     "variables variable env cookie cookies session data information email details card cards numbers number "
     "prompt context"
 )
-_AUTHORITY = "system|admin|administrator|developer|root|openai|anthropic"
+_AUTHORITY = "system|admin|administrator|developer|openai|anthropic"
 _NEW = "new|updated|revised|real|actual|true|hidden|secret"
 _NOTE = "note|message|instruction|attention|notice|memo|reminder|warning"
 _BULK = (
@@ -107,6 +107,11 @@ PATTERNS: Final[tuple[Pattern, ...]] = (
        rf"\b{_OVERRIDE_VERB} (?:everything|anything|all|what) (?:you (?:were|have been|are) (?:told|given|instructed)|"
        r"(?:(?:that |which )?(?:came|was|were|is) |written |said |stated )?(?:above|before|previously|so far|prior|earlier))",
        _OVERRIDE_WORDS, _w("everything anything all what"), lead=_OVERRIDE_LEAD),
+    # "Do not follow your instructions", not "do not follow any instructions found in the data".
+    _p(INSTRUCTION_OVERRIDE, "override", 1.0, "folded",
+       r"\b(?:do not|don't|dont|stop|no longer|never) follow(?:ing)? (?:your (?:[a-z]+ ){0,2}?|(?:the |all |any )?"
+       rf"(?:previous|prior|preceding|above|earlier|original|initial|system|developer) (?:[a-z]+ ){{0,2}}?){_TARGET}\b",
+       _w("follow following"), _TARGET_WORDS, lead="do not follow|don't follow|dont follow|stop follow|no longer follow|never follow"),
     _p(INSTRUCTION_OVERRIDE, "override", 1.0, "folded",
        r"\byou are now (?:in )?(?:an? )?(?:dan|developer mode|jailbreak|jailbroken|god mode|unrestricted|"
        r"unfiltered|uncensored|evil)\b|\byou are no longer (?:bound|restricted|limited|required to follow|"
@@ -153,13 +158,22 @@ PATTERNS: Final[tuple[Pattern, ...]] = (
        # As a header ("SYSTEM NOTE:", "[admin notice]") or addressed ("system message to/for/from"),
        # not the concept ("report all system messages").
        rf"\b(?:{_AUTHORITY}) (?:note|notice|message|instruction|directive|override|command|prompt)s?"
-       r"(?: ?[:\]\)>|-]| (?:to|for|from)\b)",
+       r"(?: ?[:\]\)>|-]| (?:to|for|from) (?:all |any |the |every )?(?:support |customer service )?"
+       r"(?:ai|llms?|agents?|assistants?|models?|bots?|you|staff|employees|administrators?|admins?)\b)",
        _w("system admin administrator developer root openai anthropic"),
        _w("note notice message instruction directive override command prompt notes notices messages "
           "instructions directives overrides commands prompts"), lead=_AUTHORITY),
     _p(INSTRUCTION_OVERRIDE, "authority", 0.6, "folded",
-       rf"\b(?:{_NEW}) (?:system )?instructions? ?:", _w(_NEW.replace("|", " ")), _w("instruction instructions"),
+       rf"\b(?:{_NEW}) (?:system )?(?:instructions?|task|tasks|directive|objective|goal|orders|rules) ?:",
+       _w(_NEW.replace("|", " ")), _w("instruction instructions task tasks directive objective goal orders rules"),
        lead=_NEW),
+    _p(INSTRUCTION_OVERRIDE, "authority", 0.6, "plain",
+       r"[\[(]{1,2}(?:system|admin|administrator)[\])]{1,2}", _w("system admin administrator"),
+       needles=("[", "(")),
+    _p(INSTRUCTION_OVERRIDE, "authority", 0.6, "folded",
+       r"\b(?:authori[sz]ed|approved|mandated|required|ordered) by (?:the )?(?:system|admin|administrator|management|"
+       r"developers?|owner|company|it department|security team)\b",
+       _w("authorized authorised approved mandated required ordered"), lead="authorized|authorised|approved|mandated|required|ordered"),
     _p(INSTRUCTION_OVERRIDE, "authority", 0.6, "folded",
        r"\b(?:i|we) (?:hereby )?authori[sz]e you to\b|\byou are (?:now )?(?:authori[sz]ed|permitted|instructed) to\b",
        _w("authorize authorise authorized authorised permitted instructed")),
@@ -167,7 +181,7 @@ PATTERNS: Final[tuple[Pattern, ...]] = (
        rf"\b(?:{_NOTE})s? (?:to|for) (?:all |any |the )?"
        r"(?:support |customer service |service |autonomous )?(?:agents?|assistants?|bots?|models?)\b",
        _w(_NOTE.replace("|", " "), "instructions"), _w("agent agents assistant assistants bot bots model models"),
-       lead=_NOTE),
+       lead=f"{_NOTE}|notes|messages|instructions|notices|memos|reminders|warnings"),
     _p(INSTRUCTION_OVERRIDE, "directive", 0.4, "folded",
        r"\bpolic(?:y|ies) (?:has |have )?(?:(?:been )?changed|been updated)\b",
        _w("policy policies"), _w("changed updated"), lead="policy|policies"),
@@ -180,6 +194,13 @@ PATTERNS: Final[tuple[Pattern, ...]] = (
     _p(INSTRUCTION_OVERRIDE, "directive", 0.4, "folded",
        r"\byour new (?:role|task|instructions?|goal|objective|purpose|job) (?:is|are)\b",
        _w("new"), _w("role task instruction instructions goal objective purpose job"), lead="your new"),
+    _p(INSTRUCTION_OVERRIDE, "directive", 0.4, "folded",
+       rf"\b(?:agents?|assistants?|ai|bots?) (?:must|shall|are to|should|need to) (?:now |immediately |always )?(?:{_BULK})\b",
+       _w("agent agents assistant assistants ai bot bots"), _w("must shall should need"),
+       lead="agent|agents|assistant|assistants|ai|bot|bots"),
+    _p(INSTRUCTION_OVERRIDE, "boundary", 0.4, "folded",
+       r"\bend of (?:the )?(?:review|context|user input|email|message|instructions|prompt)\b",
+       _w("end"), _w("review context input email message instructions prompt"), lead="end of"),
     _p(INSTRUCTION_OVERRIDE, "bulk_action", 0.4, "folded",
        rf"\b(?:{_BULK}) (?:every|all|each|all the|all of the|any and all) [a-z]", _w("every all each"), lead=_BULK),
     # Role markers: chat-template tokens and tool-call tags trip alone (plain view).
@@ -190,7 +211,9 @@ PATTERNS: Final[tuple[Pattern, ...]] = (
        r"|</?tool_call>|</?function_calls>|<invoke name=|<\|?function_call\|?>",
        needles=("<", "[")),
     # A conversation turn written into data: labels at line start, chat-message JSON (weak).
-    _p(ROLE_MARKER, "label_system", 0.5, "plain",
+    _p(ROLE_MARKER, "xml_role", 0.6, "plain", r"</?(?:system|instructions?|admin|developer|assistant)>",
+       _w("system instruction instructions admin developer assistant"), needles=("<",)),
+    _p(ROLE_MARKER, "label_system", 0.6, "plain",
        r"^[ \t>]{0,16}(?:#{1,6}[ \t]{0,4})?(?:system|developer)[ \t]{0,4}:|^[ \t]{0,16}#{1,6}[ \t]{0,4}(?:system|instructions?)[ \t]*$",
        _w("system developer instruction instructions")),
     _p(ROLE_MARKER, "label_assistant", 0.5, "plain",
