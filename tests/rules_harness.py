@@ -85,13 +85,14 @@ class Plane:
 
 @asynccontextmanager
 async def rules_plane(
-    registry: dict[str, Any], clock: Callable[[], float] | None = None, **extra: Any
+    registry: dict[str, Any], clock: Callable[[], float] | None = None, rules: bool = True, **extra: Any
 ) -> AsyncIterator[Plane]:
     """A control plane on loopback (``config_dict``; ``extra``: more top-level tables), its lease
-    desk on ``clock`` when given (set before the app starts, so the sweep reads it too)."""
+    desk on ``clock`` when given (set before the app starts, so the sweep reads it too);
+    ``rules``: as ``create_app`` takes it (False: as the agents' process runs)."""
     config = parse_control_config(config_dict(registry, **extra))
     async with open_stores(config) as stores:
-        app = create_app(config, stores)
+        app = create_app(config, stores, rules=rules)
         if clock is not None:
             app.state.plane.leases.clock = clock
         async with serving(app) as url, httpx2.AsyncClient(base_url=url, timeout=10) as client:

@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
+from control_harness import dropped_trigger, failing_trigger, raw_sql
 from haltwire.config import ConfigError
 from haltwire.control import parse_control_config
-from rules_harness import Plane, config_dict, rules_plane
+from rules_harness import Plane, auth, config_dict, rules_plane
 
 pytestmark = pytest.mark.anyio
 
@@ -69,11 +70,36 @@ async def test_three_tripped_runs_of_a_tenant_stop_it_and_a_fourth_run_is_refuse
 
         # Idempotent across the clear too: the trips behind the escalation never cause another.
         r = await plane.client.post(
-            f"/v1/stops/{tenant['stop_id']}/clear", json={"reason": "fixed"}, headers={"Authorization": "Bearer tok-operator"}
+            f"/v1/stops/{tenant['stop_id']}/clear", json={"reason": "fixed"}, headers=auth("operator")
         )
         assert r.status_code == 200, r.text
         await plane.stop("run:r-1", reason="again")
         assert [s["scope"] for s in await plane.stops(every=True)].count("tenant:acme") == 1
+        # The escalation's stop is in the audit chain like any other.
+        verified = await plane.client.get("/v1/audit/verify", headers=auth("operator"))
+        assert verified.json()["ok"] is True, verified.text
+
+
+async def test_the_trip_and_its_escalation_commit_together_or_not_at_all(store: dict[str, Any]) -> None:
+    """Crash safety: an escalation that cannot be written takes its trip with it (503, written
+    "no"), so no trip is ever recorded without the escalation it causes; the retry writes both."""
+    async with rules_plane(store, escalations=[TENANT_RULE]) as plane:
+        await registered(plane, "acme", "r-1", "r-2", "r-3")
+        await plane.stop("run:r-1")
+        await plane.stop("run:r-2")
+        sql = raw_sql(store)
+        sql(*failing_trigger(store, "escalations", "INSERT", "the disk is full"))
+        r = await plane.client.post(
+            "/v1/stops", json={"scope": "run:r-3", "reason": "tripped"}, headers={**auth("tripwire"), "Idempotency-Key": "k-3"}
+        )
+        assert r.status_code == 503 and r.json()["error"]["written"] == "no", r.text
+        assert [s["scope"] for s in await plane.stops(every=True)] == ["run:r-1", "run:r-2"]
+        sql(*dropped_trigger(store, "escalations", "INSERT"))
+        r = await plane.client.post(
+            "/v1/stops", json={"scope": "run:r-3", "reason": "tripped"}, headers={**auth("tripwire"), "Idempotency-Key": "k-3"}
+        )
+        assert r.status_code == 201, r.text
+        assert [s["scope"] for s in await plane.stops()] == ["run:r-1", "run:r-2", "run:r-3", "tenant:acme"]
 
 
 async def test_only_tripwire_stops_of_runs_not_cleared_within_the_window_count(store: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -170,6 +171,20 @@ async def test_wall_clock_stops_are_trips_the_escalation_counts(store: dict[str,
             while "tenant:acme" not in [s["scope"] for s in await p.stops()]:
                 await anyio.sleep(0.02)
         assert (await p.renew("beta", "b-1")).status_code == 200
+
+
+async def test_the_agents_process_runs_no_sweep_but_checks_renewals(tmp_path: Path) -> None:
+    clock = Clock()
+    store = {"backend": "sqlite", "path": str(tmp_path / "control.db")}
+    async with rules_plane(
+        store, clock, rules=False, agent_classes=classes(), wall_clock={"check_every_s": 0.01}
+    ) as p:
+        assert (await p.register("acme", "r-1", "short")).status_code == 201
+        clock.now = T0 + 61
+        await anyio.sleep(0.2)
+        assert await wall_clock_stops(p) == []
+        assert (await p.renew("acme", "r-1")).status_code == 409
+        assert [s["scope"] for s in await wall_clock_stops(p)] == ["run:r-1"]
 
 
 def test_bad_wall_clock_keys_are_config_errors() -> None:
