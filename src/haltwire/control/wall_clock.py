@@ -8,8 +8,10 @@ which this rule reads too). Two places enforce it:
   shutdown. Every ``[wall_clock] check_every_s`` it reads the runs that crossed their bound since
   its last look (at start-up, every run not ended: a restart catches up) and stops each that no
   active stop covers yet, so a run is stopped at most ``check_every_s`` (plus one store round
-  trip) after its bound. A look cancelled midway writes nothing half: each run's stop is its own
-  transaction, and what is left is found at the next look or the next start.
+  trip) after its bound. A run another stop covered when it was looked at is left to that stop;
+  if that stop is cleared, the run's next renewal stops it (below). A look cancelled midway
+  writes nothing half: each run's stop is its own transaction, and what is left is found at the
+  next look or the next start.
 - the lease desk's renewals (``haltwire.control.runs.renew``): a run past its bound is stopped
   there and then, so its renewal is refused ``stopped`` naming that stop, as any stopped run's is,
   even between two looks.
