@@ -21,7 +21,7 @@ import pytest
 
 from haltwire.config import ConfigError
 from haltwire.control import parse_control_config
-from rules_harness import Plane, config_dict, rules_plane
+from rules_harness import Plane, auth, config_dict, rules_plane
 
 pytestmark = pytest.mark.anyio
 
@@ -154,6 +154,9 @@ async def test_shadow_mode_audits_once_and_stops_nothing(store: dict[str, Any]) 
         assert (record["actor"], record["target"]) == ("wall-clock", "run:r-1")
         assert record["reason"].startswith("would have stopped run:r-1: wall clock: run r-1 registered at")
         assert record["detail"]["bound_s"] == 60
+        # The run's report shows it, with the run's own records.
+        report = (await p.client.get("/v1/runs/r-1/report", headers=auth("operator"))).json()
+        assert "stop.shadow" in [e["action"] for e in report["timeline"]]
         assert await wall_clock_stops(p) == []
         assert (await p.renew("acme", "r-1")).status_code == 200
 

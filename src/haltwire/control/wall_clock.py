@@ -91,7 +91,8 @@ async def stop_overdue(plane: Plane, run: RunRecord, now: float) -> Written | No
             if await trips.mark_overdue(run.run_id, now, "shadow", None):
                 await plane.audit(
                     WALL_CLOCK_CALLER, "stop.shadow", scope, "ok", f"would have stopped {scope}: {reason}",
-                    rule="wall_clock", registered_at=run.registered_at, bound_s=cls.max_wall_clock_s,
+                    rule="wall_clock", run_id=run.run_id, registered_at=run.registered_at,
+                    bound_s=cls.max_wall_clock_s,
                 )  # fmt: skip
         return None
     written: Written | None = None
