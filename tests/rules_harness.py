@@ -4,7 +4,7 @@ its lease desk's clock injectable."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -85,12 +85,18 @@ class Plane:
 
 @asynccontextmanager
 async def rules_plane(
-    registry: dict[str, Any], clock: Callable[[], float] | None = None, rules: bool = True, **extra: Any
+    registry: dict[str, Any],
+    clock: Callable[[], float] | None = None,
+    rules: bool = True,
+    identities: Sequence[dict[str, Any]] = (),
+    **extra: Any,
 ) -> AsyncIterator[Plane]:
     """A control plane on loopback (``config_dict``; ``extra``: more top-level tables), its lease
     desk on ``clock`` when given (set before the app starts, so the sweep reads it too);
-    ``rules``: as ``create_app`` takes it (False: as the agents' process runs)."""
-    config = parse_control_config(config_dict(registry, **extra))
+    ``rules``: as ``create_app`` takes it (False: as the agents' process runs); ``identities``: more."""
+    data = config_dict(registry, **extra)
+    data["identities"] += list(identities)
+    config = parse_control_config(data)
     async with open_stores(config) as stores:
         app = create_app(config, stores, rules=rules)
         if clock is not None:

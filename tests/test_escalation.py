@@ -11,6 +11,7 @@ stop the version; shadow mode stops nothing and says what it would have; the con
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -163,6 +164,18 @@ async def test_shadow_mode_stops_nothing_and_audits_what_it_would_have_once(stor
         await plane.stop("run:r-4")  # would have been stopped already: no second record
         assert len(await plane.audit("stop.shadow")) == 1
         assert (await plane.register("acme", "r-5")).status_code == 201
+
+
+async def test_a_scope_too_long_to_write_never_refuses_the_trip(tmp_path: Path) -> None:
+    long = {"name": "long", "role": "agent", "token": "tok-long", "agent": "a" * 256, "version": "v" * 256}
+    store = {"backend": "sqlite", "path": str(tmp_path / "control.db")}
+    async with rules_plane(store, identities=[long], escalations=[{"to": "version", "count": 1, "window_s": 60}]) as plane:
+        await registered(plane, "long", "r-1")
+        await registered(plane, "acme", "r-2")
+        await plane.stop("run:r-1")  # version:AAA...@VVV... is past a scope's 512 characters
+        assert [s["scope"] for s in await plane.stops()] == ["run:r-1"]
+        await plane.stop("run:r-2")
+        assert [s["scope"] for s in await plane.stops()] == ["run:r-1", "run:r-2", "version:a1@2.1"]
 
 
 async def test_off_and_no_rule_never_escalate(store: dict[str, Any]) -> None:

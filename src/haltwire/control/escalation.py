@@ -37,6 +37,7 @@ from typing import Any, Final, Protocol
 from haltwire.control.config import RULE_CALLERS, Caller, Escalation
 from haltwire.control.plane import Plane
 from haltwire.limits import MAX_REASON_CHARS
+from haltwire.scope import Scope, ScopeError
 from haltwire.stops import StopRecord
 from haltwire.store.runs import RunRecord
 from haltwire.store.trips import Group, Trip
@@ -118,6 +119,10 @@ async def escalate(
     written: list[StopRecord] = []
     for rule in rules:
         scope, group, what = target(rule, run)
+        try:
+            Scope.parse(scope)
+        except ScopeError:
+            continue  # names too long for one scope (agent and version near their limits): never the trip's fault
         after = now - rule.window_s
         last = await stores.trips.last_escalation(rule.rule, scope)
         if last is not None:
