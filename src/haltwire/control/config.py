@@ -20,6 +20,8 @@ from haltwire.limits import MAX_BODY_BYTES, MAX_INTENT_BODY_BYTES, MIN_BODY_BYTE
 from haltwire.listener import ListenerLimits
 
 Role = Literal["operator", "tripwire", "gateway", "executor", "agent", "viewer"]
+#: A control-plane rule's mode: ``shadow`` audits what it would have stopped and stops nothing.
+RuleMode = Literal["enforce", "shadow", "off"]
 
 
 class ControlSection(ConfigModel):
@@ -141,6 +143,10 @@ class AgentClass(ConfigModel):
     ttl_s: float = Field(default=15.0, gt=0)
     renew_every_s: float = Field(default=5.0, gt=0)
     renew_timeout_s: float = Field(default=10.0, gt=0)
+    #: The wall-clock budget: a run of this class older than this (since it registered) is
+    #: stopped (``haltwire.control.wall_clock``); None: no bound.
+    max_wall_clock_s: float | None = Field(default=None, gt=0)
+    wall_clock_mode: RuleMode = "enforce"
 
     @model_validator(mode="after")
     def _ordered(self) -> AgentClass:
@@ -170,6 +176,57 @@ class BrokerKeyConfig(ConfigModel):
         if (self.private_key_env is None) == (self.private_key_file is None):
             raise ValueError("give exactly one of private_key_env or private_key_file")
         return self
+
+
+class WallClockSection(ConfigModel):
+    """``[wall_clock]``: how often the control plane looks for runs past their agent class's
+    ``max_wall_clock_s`` (the bound itself is per class)."""
+
+    #: The granularity: a run is stopped at most this long after its bound has passed.
+    check_every_s: float = Field(default=1.0, gt=0, le=60)
+
+
+#: Names the control plane's own rules write stops as: no identity may take one.
+RULE_CALLERS: Final = frozenset({"intent-limit", "wall-clock", "escalation"})
+
+
+class Escalation(ConfigModel):
+    """``[[escalations]]``: tripwire stops of runs, counted in a window, stop a wider scope.
+
+    A trip is a ``run:`` stop issued by a caller of role ``tripwire`` (the gateway's tripwires,
+    ``intent-limit``, ``wall-clock``), of a registered run, not cleared. When ``count`` of them
+    (distinct runs, or distinct tenants: ``counts``) fall within ``window_s`` in one group of
+    ``to`` (the runs' tenant, agent version, agent, or all of them for ``global``), the rule
+    stops that scope (``haltwire.control.escalation``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    #: Names the rule in the stop's reason and the audit log; default ``run-to-TO``.
+    name: str | None = Field(default=None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    #: What is counted: stops of runs (the only source so far).
+    from_: Literal["run"] = Field(default="run", alias="from")
+    #: What is stopped. ``global`` only when a rule says so: nothing escalates to it by default.
+    to: Literal["tenant", "version", "agent", "global"]
+    count: int = Field(ge=1, le=1000)
+    window_s: float = Field(gt=0, le=7 * 86400)
+    #: ``runs`` (default for ``to = "tenant"``) or ``tenants`` (default for the others).
+    counts: Literal["runs", "tenants"] | None = None
+    mode: RuleMode = "enforce"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Escalation:
+        if self.to == "tenant" and self.counts == "tenants":
+            raise ValueError('counts: "tenants" counts one tenant at most for to = "tenant"; use "runs"')
+        return self
+
+    @property
+    def rule(self) -> str:
+        return self.name or f"run-to-{self.to}"
+
+    @property
+    def unit(self) -> Literal["runs", "tenants"]:
+        return self.counts or ("runs" if self.to == "tenant" else "tenants")
 
 
 class IntentLimit(ConfigModel):
@@ -273,6 +330,8 @@ class ControlConfig(ConfigModel):
     broker: BrokerSection | None = None
     intent_limits: list[IntentLimit] = Field(default_factory=list)
     audit: AuditSection = Field(default_factory=AuditSection)
+    escalations: list[Escalation] = Field(default_factory=list)
+    wall_clock: WallClockSection = Field(default_factory=WallClockSection)
 
     @model_validator(mode="after")
     def _consistent(self) -> ControlConfig:
@@ -320,6 +379,19 @@ class ControlConfig(ConfigModel):
         hashes = [i.token_sha256 or token_sha256(i.token or "") for i in self.identities]
         if len(set(hashes)) != len(hashes):
             raise ValueError("identities: two identities share one token")
+        return self
+
+    @model_validator(mode="after")
+    def _rules(self) -> ControlConfig:
+        taken = sorted(RULE_CALLERS.intersection(i.name for i in self.identities))
+        if taken:
+            raise ValueError(
+                f"identities: {', '.join(taken)} is the name a control-plane rule writes stops as; rename the identity"
+            )
+        rules = [e.rule for e in self.escalations]
+        repeated = sorted({r for r in rules if rules.count(r) > 1})
+        if repeated:
+            raise ValueError(f"escalations: two rules named {', '.join(repeated)}; give each its own name")
         return self
 
     def intent_limit(self, tool: str) -> int | None:

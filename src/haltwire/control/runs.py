@@ -19,6 +19,7 @@ from haltwire.control.config import Caller
 from haltwire.control.errors import Refused, invalid
 from haltwire.control.leases import LeaseDesk
 from haltwire.control.plane import Plane
+from haltwire.control.wall_clock import check_renewal
 from haltwire.store.runs import Checkpoint, RunExists, RunRecord, UnknownRun, new_run_id
 from haltwire.tokens import Grant
 
@@ -139,6 +140,9 @@ async def renew(
     leases = desk(plane)
     await leases.catch_up(plane.open.registry)
     found = await plane.open.runs.get_many(run_ids)
+    # A run past its wall-clock bound is stopped here, so its renewal is refused by that stop.
+    if await check_renewal(plane, [r for r in found.values() if _owns(caller, r, "lease.renew")]):
+        await leases.catch_up(plane.open.registry)
     granted: dict[str, Grant] = {}
     refused: dict[str, Refused] = {}
     for run_id in dict.fromkeys(run_ids):

@@ -8,6 +8,9 @@ the control plane's own rules (``[[intent_limits]]``). In one transaction:
    digest: the audit chain covers the registry's rows);
 3. the intents it covers whose call was not made (pending, awaiting approval, claimed but never
    checked) are cancelled, and that is audited too;
+4. a tripwire's stop of a run is counted by the escalation rules (``[[escalations]]``,
+   ``haltwire.control.escalation``), and a rule it takes past its count writes its own stop
+   (steps 1 to 3 again) in the same transaction: ``Written.escalated``;
 
 then, committed, every watcher is woken (the push path to gateways, executors and runtimes).
 So a stop is answered only once all of it is durable; if any step fails, nothing of it is
@@ -26,6 +29,7 @@ from typing import Any, Final
 from haltwire.control.access import visible_to
 from haltwire.control.config import Caller
 from haltwire.control.errors import Refused, invalid
+from haltwire.control.escalation import escalate
 from haltwire.control.plane import Plane
 from haltwire.intents import Intent
 from haltwire.scope import Scope, ScopeError
@@ -44,6 +48,9 @@ class Written:
 
     stop: StopRecord
     replayed: bool = False
+    #: The stops the escalation rules wrote in the same transaction because of this one, each
+    #: its own record (and audited): whoever acts on a stop once it is issued acts on these too.
+    escalated: tuple[StopRecord, ...] = ()
 
 
 def change_ref(row: Sequence[Any]) -> dict[str, Any]:
@@ -89,23 +96,39 @@ async def issue(
             if earlier is not None:
                 return earlier
             now = time.time()
-            stop = await registry.issue_stop(scope, reason, caller.name, now=now, expires_at=expires_at)
+            stop = await record(plane, caller, scope, reason, now, expires_at)
             if request_key is not None:
                 await registry.remember(caller.name, request_key, fingerprint, stop.stop_id)
-            ref = change_ref(issue_row(stop))
-            await plane.audit(
-                caller, "stop.issue", stop.scope, "ok", stop.reason, stop_id=stop.stop_id, change=ref
-            )
-            if stop.expires_at is None or stop.expires_at > now:  # issued already expired: it stops nothing
-                scope_ = Scope.parse(stop.scope)
-                cancelled = await plane.open.intents.cancel_for_stop(scope_, stop.stop_id, now)
-                await audit_cancelled(plane, caller, scope_, stop.stop_id, cancelled)
+            escalated = await escalate(plane, caller, stop, now, record)
     except (ScopeError, ValueError) as exc:
         raise await plane.refuse(caller, "stop.issue", "", invalid(str(exc))) from None
     except RequestConflict as exc:
         raise await plane.refuse(caller, "stop.issue", scope, _conflict(exc)) from None
     plane.notify()
-    return Written(stop)
+    return Written(stop, escalated=escalated)
+
+
+async def record(
+    plane: Plane,
+    caller: Caller,
+    scope: str,
+    reason: str,
+    now: float,
+    expires_at: float | None = None,
+    **detail: Any,
+) -> StopRecord:
+    """Steps 1 to 3 of issuing a stop (the module's docstring), inside the caller's transaction;
+    ``detail``: more for the stop's audit record (the rule that wrote it, say)."""
+    stop = await plane.open.registry.issue_stop(scope, reason, caller.name, now=now, expires_at=expires_at)
+    ref = change_ref(issue_row(stop))
+    await plane.audit(
+        caller, "stop.issue", stop.scope, "ok", stop.reason, stop_id=stop.stop_id, change=ref, **detail
+    )
+    if stop.expires_at is None or stop.expires_at > now:  # issued already expired: it stops nothing
+        scope_ = Scope.parse(stop.scope)
+        cancelled = await plane.open.intents.cancel_for_stop(scope_, stop.stop_id, now)
+        await audit_cancelled(plane, caller, scope_, stop.stop_id, cancelled)
+    return stop
 
 
 async def clear(

@@ -1,5 +1,5 @@
-"""Opening the registry, the audit log, the run store, the credential map and the intent store a
-control-plane config names, as one unit: one database (``Db``), so that a write and its audit
+"""Opening the registry, the audit log, the run store, the credential map, the intent store and
+the trip store a control-plane config names, as one unit: one database (``Db``), so that a write and its audit
 record commit in one transaction (``Stores.db.write()``); and the audit log's key."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from haltwire.store.intents import IntentStore
 from haltwire.store.registry import Registry
 from haltwire.store.runs import RunStore
 from haltwire.store.sql import Db, Tables
+from haltwire.store.trips import TripStore
 
 
 @dataclass(slots=True)
@@ -30,6 +31,8 @@ class Stores:
     runs: RunStore
     credentials: CredentialStore
     intents: IntentStore
+    #: What the whole-run rules decided (escalations, runs past their wall clock).
+    trips: TripStore
     #: The database every store above writes to: ``db.write()`` makes their writes one transaction.
     db: Db
 
@@ -47,8 +50,11 @@ async def open_stores(config: ControlConfig) -> AsyncIterator[Stores]:
         from haltwire.store.registry.sqlite import SqliteRegistry as Changes
         from haltwire.store.runs.sqlite import SqliteRunStore as Runs
         from haltwire.store.sqlite import SqliteDb
+        from haltwire.store.trips.sqlite import SqliteTripStore as Trips
 
-        tables = _tables(Changes.TABLES, Audit.TABLES, Runs.TABLES, Credentials.TABLES, Intents.TABLES)
+        tables = _tables(
+            Changes.TABLES, Audit.TABLES, Runs.TABLES, Credentials.TABLES, Intents.TABLES, Trips.TABLES
+        )
         db: Db = await SqliteDb.open(section.path, tables)
     else:
         from haltwire.store.audit.postgres import PostgresAuditLog as Audit  # type: ignore[assignment]
@@ -59,12 +65,15 @@ async def open_stores(config: ControlConfig) -> AsyncIterator[Stores]:
         from haltwire.store.postgres import PostgresDb
         from haltwire.store.registry.postgres import PostgresRegistry as Changes  # type: ignore[assignment]
         from haltwire.store.runs.postgres import PostgresRunStore as Runs  # type: ignore[assignment]
+        from haltwire.store.trips.postgres import PostgresTripStore as Trips  # type: ignore[assignment]
 
-        tables = _tables(Changes.TABLES, Audit.TABLES, Runs.TABLES, Credentials.TABLES, Intents.TABLES)
+        tables = _tables(
+            Changes.TABLES, Audit.TABLES, Runs.TABLES, Credentials.TABLES, Intents.TABLES, Trips.TABLES
+        )
         name = f"haltwire-control-{section.schema_}"[:63]  # which replica's schema, in pg_stat_activity
         db = await PostgresDb.open(section.url, section.schema_, 5.0, name, tables)
     try:
-        yield Stores(Changes(db), Audit(db, key), Runs(db), Credentials(db), Intents(db), db)
+        yield Stores(Changes(db), Audit(db, key), Runs(db), Credentials(db), Intents(db), Trips(db), db)
     finally:
         await db.aclose()
 

@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute
 
+from haltwire.control import wall_clock
 from haltwire.control.config import ControlConfig
 from haltwire.control.errors import Refused, unavailable
 from haltwire.control.plane import Plane
@@ -77,8 +78,10 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return PlainTextResponse(exc.detail, status_code=exc.status_code, headers=exc.headers)
 
 
-def create_app(config: ControlConfig, stores: Stores | None = None) -> ControlApp:
-    """The control plane. Without ``stores``, they open when the app starts and close when it stops."""
+def create_app(config: ControlConfig, stores: Stores | None = None, rules: bool = True) -> ControlApp:
+    """The control plane. Without ``stores``, they open when the app starts and close when it stops.
+    ``rules``: run the background rules (the wall-clock sweep); off in the agents' process, so a
+    control plane runs one sweep, whatever its processes."""
     plane = Plane(config)
 
     @asynccontextmanager
@@ -90,6 +93,8 @@ def create_app(config: ControlConfig, stores: Stores | None = None) -> ControlAp
         async with anyio.create_task_group() as tg:
             tg.start_soon(opened.registry.follow_writes, plane.wake)
             tg.start_soon(plane.follow_audit_head)
+            if rules:
+                tg.start_soon(wall_clock.sweep, plane)
             try:
                 yield
             finally:

@@ -121,6 +121,8 @@ DDL: Final = (
     expires_at DOUBLE PRECISION
 )""",
     "CREATE UNIQUE INDEX IF NOT EXISTS changes_one_kind_per_stop ON {changes} (stop_id, kind)",
+    # The escalation rules count the stops of a recent window (``haltwire.store.trips``).
+    "CREATE INDEX IF NOT EXISTS changes_by_time ON {changes} (at)",
     # Idempotency keys of stop and clear requests: a retried request answers what the first did.
     """CREATE TABLE IF NOT EXISTS {requests} (
     actor       TEXT NOT NULL,
