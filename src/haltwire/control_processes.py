@@ -208,7 +208,7 @@ async def serve_agents(config: ControlConfig, fds: str) -> None:
     peer.setblocking(False)
     limits = config.control.agent_listener
     async with open_stores(config) as stores:
-        app = create_app(config, stores)
+        app = create_app(config, stores, pages=False)  # the main process sends the pages
         plane: Plane = app.state.plane
         if config.registry.backend == "sqlite":
             plane.peers.append(lambda: tell(peer))

@@ -8,8 +8,10 @@ the control plane's own rules (``[[intent_limits]]``). In one transaction:
    digest: the audit chain covers the registry's rows);
 3. the intents it covers whose call was not made (pending, awaiting approval, claimed but never
    checked) are cancelled, and that is audited too;
+4. with ``[[notify]]``, a page for each receiver goes to the outbox (``notify.page``);
 
-then, committed, every watcher is woken (the push path to gateways, executors and runtimes).
+then, committed, every watcher is woken (the push path to gateways, executors and runtimes),
+and the page sender with them: it posts from a task of its own, so no receiver is waited for.
 So a stop is answered only once all of it is durable; if any step fails, nothing of it is
 written, nothing is pushed, and the answer (503) says so. A request key (``Idempotency-Key``)
 makes issuing and clearing safe to retry: a repeat answers what the first request wrote.
@@ -26,6 +28,7 @@ from typing import Any, Final
 from haltwire.control.access import visible_to
 from haltwire.control.config import Caller
 from haltwire.control.errors import Refused, invalid
+from haltwire.control.notify import page, stop_event
 from haltwire.control.plane import Plane
 from haltwire.intents import Intent
 from haltwire.scope import Scope, ScopeError
@@ -100,6 +103,7 @@ async def issue(
                 scope_ = Scope.parse(stop.scope)
                 cancelled = await plane.open.intents.cancel_for_stop(scope_, stop.stop_id, now)
                 await audit_cancelled(plane, caller, scope_, stop.stop_id, cancelled)
+            await page(plane, stop_event(stop))  # to the outbox only: sent after the commit
     except (ScopeError, ValueError) as exc:
         raise await plane.refuse(caller, "stop.issue", "", invalid(str(exc))) from None
     except RequestConflict as exc:

@@ -26,8 +26,10 @@ from starlette.routing import BaseRoute
 
 from haltwire.control.config import ControlConfig
 from haltwire.control.errors import Refused, unavailable
+from haltwire.control.notify import receivers
 from haltwire.control.plane import Plane
 from haltwire.control.routes import calls, credentials, intents, openapi, reports, runs, stops
+from haltwire.control.routes.paging import Sender
 from haltwire.control.routes.wire import answer
 from haltwire.control.stores import Stores, open_stores
 from haltwire.store.registry import RegistryUnavailable
@@ -77,19 +79,23 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return PlainTextResponse(exc.detail, status_code=exc.status_code, headers=exc.headers)
 
 
-def create_app(config: ControlConfig, stores: Stores | None = None) -> ControlApp:
-    """The control plane. Without ``stores``, they open when the app starts and close when it stops."""
+def create_app(config: ControlConfig, stores: Stores | None = None, *, pages: bool = True) -> ControlApp:
+    """The control plane. Without ``stores``, they open when the app starts and close when it stops.
+    ``pages``: this process sends the pages of ``[[notify]]`` (the main process; not the agents')."""
     plane = Plane(config)
+    sender = Sender(plane, receivers(config)) if pages and config.notify else None  # secrets read now
 
     @asynccontextmanager
     async def following(opened: Stores) -> AsyncIterator[None]:
-        # The app owns these tasks: writes by other replicas wake our watchers, and the audit
-        # head the watch publishes is kept current, until shutdown.
+        # The app owns these tasks: writes by other replicas wake our watchers, the audit head
+        # the watch publishes is kept current, and pages are sent, until shutdown.
         plane.stores = opened
         await opened.audit.seal(time.time())  # records from before the log had a key, if any
         async with anyio.create_task_group() as tg:
             tg.start_soon(opened.registry.follow_writes, plane.wake)
             tg.start_soon(plane.follow_audit_head)
+            if sender is not None:
+                tg.start_soon(sender.run)
             try:
                 yield
             finally:
