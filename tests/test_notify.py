@@ -8,6 +8,9 @@ waiting when the control plane stops is sent by the next one; config errors name
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -109,7 +112,8 @@ async def test_a_stop_pages_once_with_the_run_report_the_api_serves(store: dict[
     assert [(p.state, p.attempts) for p in pages] == [("delivered", 1)]
 
 
-async def test_slack_and_pagerduty_shapes(tmp_path: Path) -> None:
+async def test_slack_and_pagerduty_shapes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HALTWIRE_TEST_SIGNING", "s" * 32)
     receiver = Receiver(status=202)
     async with receiving(receiver) as hook:
         notify: list[dict[str, Any]] = [
@@ -118,14 +122,19 @@ async def test_slack_and_pagerduty_shapes(tmp_path: Path) -> None:
              "report_url_base": "https://cp.example"},
             {"name": "tenants-only", "kind": "webhook", "url": f"{hook}/never", "scopes": ["tenant"]},
             {"name": "shadow-only", "kind": "webhook", "url": f"{hook}/never", "on": ["shadow"]},
+            {"name": "signed", "kind": "webhook", "url": f"{hook}/signed", "secret_env": "HALTWIRE_TEST_SIGNING"},
         ]
         async with plane(sqlite(tmp_path), notify) as (client, _):
             stop, ids = await incident(client)
-            await receiver.wait(pages=2)
+            await receiver.wait(pages=3)
             await anyio.sleep(0.3)
             report = (await client.get("/v1/runs/r-1/report", headers=auth("operator"))).json()
     by_path = {path: page for path, page, _ in receiver.pages}
-    assert sorted(by_path) == ["/pd", "/slack"]  # the filtered receivers got nothing
+    assert sorted(by_path) == ["/pd", "/signed", "/slack"]  # the filtered receivers got nothing
+    (signed,) = [(page, headers) for path, page, headers in receiver.pages if path == "/signed"]
+    t, _, mac = signed[1]["haltwire-signature"].removeprefix("t=").partition(",v1=")
+    raw = json.dumps(signed[0], separators=(",", ":")).encode()  # the body as sent
+    assert hmac.compare_digest(mac, hmac.new(b"s" * 32, t.encode() + b"." + raw, hashlib.sha256).hexdigest())
     slack, pd = by_path["/slack"], by_path["/pd"]
     url = "https://cp.example/v1/runs/r-1/report"
 
