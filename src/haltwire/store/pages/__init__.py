@@ -86,7 +86,7 @@ class PageStore(Protocol):
     async def get(self, page_id: str) -> PageRecord | None: ...
 
     async def for_subject(self, subject: str) -> list[PageRecord]:
-        """Every page about ``subject`` (a stop id), oldest first."""
+        """Every page about ``subject`` (a stop id), oldest first (a scan: not for the hot path)."""
         ...
 
 
@@ -106,8 +106,9 @@ DDL: Final = (
     claimed_until DOUBLE PRECISION NOT NULL,
     settled_at    DOUBLE PRECISION
 )""",
-    "CREATE INDEX IF NOT EXISTS pages_due ON {pages} (target, state, next_at)",
-    "CREATE INDEX IF NOT EXISTS pages_by_subject ON {pages} (subject)",
+    # The one index: a receiver's pending pages in order. A stop pays for each B-tree its pages
+    # touch (this, the table and its key), so ``for_subject`` (tests, tools) scans instead.
+    "CREATE INDEX IF NOT EXISTS pages_due ON {pages} (target, state, created_at, page_id)",
 )
 
 _ORDER = "ORDER BY created_at, page_id"
