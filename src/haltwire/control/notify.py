@@ -51,6 +51,9 @@ from haltwire.store.pages import PageRecord
 PAGER: Final = Caller("notify", "viewer")
 #: The sender looks for pages at least this often, besides being woken by registry changes.
 POLL_S: Final = 0.5
+#: A receiver whose oldest page waits for its retry is looked at again at least this often
+#: (for pages to drop or give up), and not at every registry change: a stop costs it nothing.
+RECHECK_S: Final = 5.0
 #: How many audit records of the run, up to the event's own, a page names as what triggered it.
 TRIGGER_RECORDS: Final = 10
 #: A claim outlasts an attempt's deadline by this much before another replica may try the page.

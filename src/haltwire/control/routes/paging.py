@@ -254,9 +254,11 @@ class Sender:
             except Exception:  # paging never takes the control plane down with it
                 log.exception("paging %s failed; trying again", receiver.name)
                 got = time.time() + notify.POLL_S
-            wait = notify.POLL_S if got is None else max(0.0, min(got - time.time(), notify.POLL_S))
-            with anyio.move_on_after(wait):
-                await changed.wait()
+            if got is None:  # nothing waits: a new page comes with a registry change, or within POLL_S
+                with anyio.move_on_after(notify.POLL_S):
+                    await changed.wait()
+            else:  # the oldest page waits for its retry, and every new one behind it: no wake-up helps
+                await anyio.sleep(max(0.0, min(got - time.time(), notify.RECHECK_S)))
 
     async def _attempt(self, receiver: Receiver, page: PageRecord) -> None:
         attempts = page.attempts + 1
