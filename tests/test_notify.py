@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import json
 import time
+import tomllib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,12 +21,15 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
+import tomli_w
 
 from haltwire.config import ConfigError
 from haltwire.control import create_app, notify, parse_control_config
 from haltwire.control.stores import Stores, open_stores
 from haltwire.serve import serving
+from harness import postgres_section
 from page_receiver import Receiver, free_port, receiving
+from test_control_processes import ControlCommand
 from test_intents_api import EXECUTOR_2, auth, claim, propose, settle, sqlite
 from test_leases_api import config_dict
 
@@ -300,3 +304,48 @@ async def test_other_rules_page_through_the_same_path(tmp_path: Path) -> None:
     details = pd["payload"]["custom_details"]
     assert (details["event"], details["rule"], details["detail"]) == ("shadow", "refund-rate", {"would_stop": "tenant:acme"})
     assert "would have stopped (shadow) tenant:acme (rule refund-rate)" in pd["payload"]["summary"]
+
+
+async def test_haltwire_control_pages_once_from_its_main_process(tmp_path: Path) -> None:
+    # The command's two processes share the outbox; only the main one sends, whichever listener
+    # the stop came through (the agents' process wakes it over their socket pair).
+    receiver = Receiver()
+    async with receiving(receiver) as hook:
+        command = ControlCommand(tmp_path, sqlite(tmp_path))
+        data = tomllib.loads(command.config.read_text())
+        data["notify"] = [{"name": "ops", "kind": "webhook", "url": f"{hook}/hook"}]
+        command.config.write_text(tomli_w.dumps(data))
+        try:
+            await command.start()
+            async with httpx2.AsyncClient(timeout=10) as http:
+                for listener in ("admin", "agents"):
+                    r = await http.post(
+                        f"{command.url(listener)}/v1/stops",
+                        json={"scope": f"tenant:{listener}", "reason": "x"},
+                        headers=auth("operator"),
+                    )
+                    assert r.status_code == 201, r.text
+            await receiver.wait(pages=2)
+            await anyio.sleep(1.5)  # three sender polls: nothing more comes
+        finally:
+            await command.stop()
+    assert sorted(page["scope"] for _, page, _ in receiver.pages) == ["tenant:admin", "tenant:agents"]
+
+
+async def test_replicas_send_each_page_once(tmp_path: Path) -> None:
+    receiver = Receiver()
+    with postgres_section("test_notify") as section:
+        async with receiving(receiver) as hook:
+            notify_ = [{"name": "ops", "kind": "webhook", "url": f"{hook}/hook"}]
+            async with plane(section, notify_) as (a, _), plane(section, notify_) as (b, _):
+                stops = []
+                for n in range(6):
+                    r = await (a, b)[n % 2].post(
+                        "/v1/stops", json={"scope": f"tenant:t{n}", "reason": "x"}, headers=auth("operator")
+                    )
+                    stops.append(r.json()["stop_id"])
+                await receiver.wait(pages=6)
+                await anyio.sleep(1.5)
+                delivered = await records(a, "page.deliver")
+    assert sorted(page["subject"] for _, page, _ in receiver.pages) == sorted(stops)
+    assert sorted(r["target"] for r in delivered) == sorted(stops)
