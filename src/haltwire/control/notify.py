@@ -32,6 +32,7 @@ registry change, or within ``POLL_S``).
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from dataclasses import asdict, dataclass, field
@@ -109,7 +110,8 @@ async def page(plane: Plane, event: Event) -> list[str]:
     targets = wanting(plane.config, event)
     if not targets:
         return []
-    facts = event.facts()
+    # A producer's detail that is not JSON is written as text rather than failing its transaction.
+    facts = json.loads(json.dumps(event.facts(), default=str))
     rows = [
         PageRecord(
             f"pg_{secrets.token_hex(8)}", t.name, event.kind, event.subject, facts, event.at, next_at=event.at
