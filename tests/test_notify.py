@@ -349,3 +349,14 @@ async def test_replicas_send_each_page_once(tmp_path: Path) -> None:
                 delivered = await records(a, "page.deliver")
     assert sorted(page["subject"] for _, page, _ in receiver.pages) == sorted(stops)
     assert sorted(r["target"] for r in delivered) == sorted(stops)
+
+
+async def test_a_tripwires_stop_names_its_rule(tmp_path: Path) -> None:
+    receiver = Receiver()
+    async with receiving(receiver) as hook:
+        async with plane(sqlite(tmp_path), [{"name": "ops", "kind": "webhook", "url": f"{hook}/"}]) as (client, _):
+            r = await client.post("/v1/stops", json={"scope": "run:r-9", "reason": "6 refunds"}, headers=auth("tripwire"))
+            assert r.status_code == 201, r.text
+            await receiver.wait(pages=1)
+    page = receiver.pages[0][1]
+    assert (page["rule"], page["actor"]) == ("tripwire-1", "tripwire-1") and "(rule tripwire-1)" in page["summary"]

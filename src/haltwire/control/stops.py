@@ -103,7 +103,8 @@ async def issue(
                 scope_ = Scope.parse(stop.scope)
                 cancelled = await plane.open.intents.cancel_for_stop(scope_, stop.stop_id, now)
                 await audit_cancelled(plane, caller, scope_, stop.stop_id, cancelled)
-            await page(plane, stop_event(stop))  # to the outbox only: sent after the commit
+            rule = caller.name if caller.role == "tripwire" else None  # a tripwire's stop names it
+            await page(plane, stop_event(stop, rule))  # to the outbox only: sent after the commit
     except (ScopeError, ValueError) as exc:
         raise await plane.refuse(caller, "stop.issue", "", invalid(str(exc))) from None
     except RequestConflict as exc:
