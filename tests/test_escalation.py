@@ -14,11 +14,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from control_harness import dropped_trigger, failing_trigger, raw_sql
 from haltwire.config import ConfigError
 from haltwire.control import parse_control_config
+from page_receiver import Receiver, receiving
 from rules_harness import Plane, auth, config_dict, rules_plane
 
 pytestmark = pytest.mark.anyio
@@ -218,3 +220,23 @@ def test_rule_names_are_unique_and_rules_own_their_names() -> None:
     data["identities"].append({"name": "wall-clock", "role": "operator", "token": "tok-x"})
     with pytest.raises(ConfigError, match="wall-clock is the name a control-plane rule writes stops as"):
         parse_control_config(data)
+
+
+@pytest.mark.parametrize("mode", ["enforce", "shadow"])
+async def test_an_escalation_pages_as_one_and_a_shadow_one_as_would_have(store: dict[str, Any], mode: str) -> None:
+    receiver = Receiver()
+    async with receiving(receiver) as hook:
+        notify = [{"name": "oncall", "kind": "webhook", "url": f"{hook}/hook"}]
+        rule = {**TENANT_RULE, "mode": mode}
+        async with rules_plane(store, escalations=[rule], notify=notify) as plane:
+            await registered(plane, "acme", "r-1", "r-2", "r-3")
+            trips = [(await plane.stop(f"run:r-{i}"))["stop_id"] for i in (1, 2, 3)]
+            await receiver.wait(pages=4)
+            await anyio.sleep(0.3)  # nothing more comes
+    pages = [page for _, page, _ in receiver.pages]
+    assert [p["event"] for p in pages] == ["stop", "stop", "stop", "escalation" if mode == "enforce" else "shadow"]
+    assert [p["subject"] for p in pages[:3]] == trips
+    last = pages[-1]
+    assert last["scope"] == "tenant:acme" and last["rule"] == "tenant-after-3"
+    if mode == "shadow":
+        assert last["reason"].startswith("would have stopped tenant:acme")

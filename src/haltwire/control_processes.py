@@ -208,7 +208,8 @@ async def serve_agents(config: ControlConfig, fds: str) -> None:
     peer.setblocking(False)
     limits = config.control.agent_listener
     async with open_stores(config) as stores:
-        app = create_app(config, stores, rules=False)  # the main process runs the background rules
+        # The main process runs the background rules and sends the pages.
+        app = create_app(config, stores, rules=False, pages=False)
         plane: Plane = app.state.plane
         if config.registry.backend == "sqlite":
             plane.peers.append(lambda: tell(peer))

@@ -15,6 +15,7 @@ from typing import Any, Final, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from haltwire.config import ConfigModel, LeaseKeysSection, TokenFields, read_toml, validate_config
+from haltwire.control.receivers import NotifyTarget, check_receivers
 from haltwire.identity import token_sha256
 from haltwire.limits import MAX_BODY_BYTES, MAX_INTENT_BODY_BYTES, MIN_BODY_BYTES
 from haltwire.listener import ListenerLimits
@@ -332,6 +333,8 @@ class ControlConfig(ConfigModel):
     audit: AuditSection = Field(default_factory=AuditSection)
     escalations: list[Escalation] = Field(default_factory=list)
     wall_clock: WallClockSection = Field(default_factory=WallClockSection)
+    #: Receivers of pages (``[[notify]]``); none: no page is written.
+    notify: list[NotifyTarget] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _consistent(self) -> ControlConfig:
@@ -371,6 +374,7 @@ class ControlConfig(ConfigModel):
                     "audit: with PostgreSQL, give key_env (or key_file): every replica keys the audit "
                     "log's chain with the same secret, kept out of the database"
                 )
+        check_receivers(self.notify, self.control.development)
         tools = [limit.tool for limit in self.intent_limits]
         if len(set(tools)) != len(tools):
             raise ValueError("intent_limits: one limit per tool")

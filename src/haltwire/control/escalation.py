@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Sequence
 from typing import Any, Final, Protocol
 
 from haltwire.control.config import RULE_CALLERS, Caller, Escalation
+from haltwire.control.pages import Event, page
 from haltwire.control.plane import Plane
 from haltwire.limits import MAX_REASON_CHARS
 from haltwire.scope import Scope, ScopeError
@@ -138,6 +139,11 @@ async def escalate(
                 ESCALATION_CALLER, "stop.shadow", scope, "ok", f"would have stopped {scope}: {reason}",
                 rule=rule.rule, caused_by=causes,
             )  # fmt: skip
+            shadow = Event(
+                "shadow", f"shadow:{rule.rule}:{scope}:{now:.3f}", scope, f"would have stopped {scope}: {reason}",
+                ESCALATION_CALLER.name, now, rule=rule.rule, detail={"caused_by": causes},
+            )  # fmt: skip
+            await page(plane, shadow)
             continue
         if await stores.trips.active_stop_on(scope, now) is not None:
             continue  # stopped already: one stop on the scope, however many more runs trip

@@ -8,11 +8,13 @@ the control plane's own rules (``[[intent_limits]]``). In one transaction:
    digest: the audit chain covers the registry's rows);
 3. the intents it covers whose call was not made (pending, awaiting approval, claimed but never
    checked) are cancelled, and that is audited too;
-4. a tripwire's stop of a run is counted by the escalation rules (``[[escalations]]``,
+4. with ``[[notify]]``, a page for each receiver goes to the outbox (``pages.page``);
+5. a tripwire's stop of a run is counted by the escalation rules (``[[escalations]]``,
    ``haltwire.control.escalation``), and a rule it takes past its count writes its own stop
-   (steps 1 to 3 again) in the same transaction: ``Written.escalated``;
+   (steps 1 to 4 again) in the same transaction: ``Written.escalated``;
 
-then, committed, every watcher is woken (the push path to gateways, executors and runtimes).
+then, committed, every watcher is woken (the push path to gateways, executors and runtimes),
+and the page sender with them: it posts from a task of its own, so no receiver is waited for.
 So a stop is answered only once all of it is durable; if any step fails, nothing of it is
 written, nothing is pushed, and the answer (503) says so. A request key (``Idempotency-Key``)
 makes issuing and clearing safe to retry: a repeat answers what the first request wrote.
@@ -30,7 +32,9 @@ from haltwire.control.access import visible_to
 from haltwire.control.config import Caller
 from haltwire.control.errors import Refused, invalid
 from haltwire.control.escalation import escalate
+from haltwire.control.pages import page, stop_event
 from haltwire.control.plane import Plane
+from haltwire.control.receivers import PageEvent
 from haltwire.intents import Intent
 from haltwire.scope import Scope, ScopeError
 from haltwire.stops import Change, StopRecord
@@ -117,8 +121,9 @@ async def record(
     expires_at: float | None = None,
     **detail: Any,
 ) -> StopRecord:
-    """Steps 1 to 3 of issuing a stop (the module's docstring), inside the caller's transaction;
-    ``detail``: more for the stop's audit record (the rule that wrote it, say)."""
+    """Steps 1 to 4 of issuing a stop (the module's docstring), inside the caller's transaction;
+    ``detail``: more for the stop's audit record (the rule that wrote it, say; an escalation's
+    ``caused_by`` makes its page an escalation's)."""
     stop = await plane.open.registry.issue_stop(scope, reason, caller.name, now=now, expires_at=expires_at)
     ref = change_ref(issue_row(stop))
     await plane.audit(
@@ -128,6 +133,9 @@ async def record(
         scope_ = Scope.parse(stop.scope)
         cancelled = await plane.open.intents.cancel_for_stop(scope_, stop.stop_id, now)
         await audit_cancelled(plane, caller, scope_, stop.stop_id, cancelled)
+    rule = detail.get("rule") or (caller.name if caller.role == "tripwire" else None)  # a tripwire's stop names it
+    kind: PageEvent = "escalation" if "caused_by" in detail else "stop"
+    await page(plane, stop_event(stop, rule, kind))  # to the outbox only: sent after the commit
     return stop
 
 

@@ -1,6 +1,7 @@
-"""Opening the registry, the audit log, the run store, the credential map, the intent store and
-the trip store a control-plane config names, as one unit: one database (``Db``), so that a write and its audit
-record commit in one transaction (``Stores.db.write()``); and the audit log's key."""
+"""Opening the registry, the audit log, the run store, the credential map, the intent store, the
+trip store and the page outbox a control-plane config names, as one unit: one database (``Db``),
+so that a write and its audit record commit in one transaction (``Stores.db.write()``); and the
+audit log's key."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from haltwire.control.config import MIN_AUDIT_KEY, ControlConfig
 from haltwire.store.audit import AuditLog
 from haltwire.store.credentials import CredentialStore
 from haltwire.store.intents import IntentStore
+from haltwire.store.pages import PageStore
 from haltwire.store.registry import Registry
 from haltwire.store.runs import RunStore
 from haltwire.store.sql import Db, Tables
@@ -33,6 +35,8 @@ class Stores:
     intents: IntentStore
     #: What the whole-run rules decided (escalations, runs past their wall clock).
     trips: TripStore
+    #: Pages owed to receivers (``[[notify]]``), written with the change they report.
+    pages: PageStore
     #: The database every store above writes to: ``db.write()`` makes their writes one transaction.
     db: Db
 
@@ -47,13 +51,15 @@ async def open_stores(config: ControlConfig) -> AsyncIterator[Stores]:
         from haltwire.store.audit.sqlite import SqliteAuditLog as Audit
         from haltwire.store.credentials.sqlite import SqliteCredentialStore as Credentials
         from haltwire.store.intents.sqlite import SqliteIntentStore as Intents
+        from haltwire.store.pages.sqlite import SqlitePageStore as Pages
         from haltwire.store.registry.sqlite import SqliteRegistry as Changes
         from haltwire.store.runs.sqlite import SqliteRunStore as Runs
         from haltwire.store.sqlite import SqliteDb
         from haltwire.store.trips.sqlite import SqliteTripStore as Trips
 
         tables = _tables(
-            Changes.TABLES, Audit.TABLES, Runs.TABLES, Credentials.TABLES, Intents.TABLES, Trips.TABLES
+            Changes.TABLES, Audit.TABLES, Runs.TABLES, Credentials.TABLES, Intents.TABLES, Trips.TABLES,
+            Pages.TABLES,
         )
         db: Db = await SqliteDb.open(section.path, tables)
     else:
@@ -62,18 +68,20 @@ async def open_stores(config: ControlConfig) -> AsyncIterator[Stores]:
             PostgresCredentialStore as Credentials,
         )
         from haltwire.store.intents.postgres import PostgresIntentStore as Intents  # type: ignore[assignment]
+        from haltwire.store.pages.postgres import PostgresPageStore as Pages  # type: ignore[assignment]
         from haltwire.store.postgres import PostgresDb
         from haltwire.store.registry.postgres import PostgresRegistry as Changes  # type: ignore[assignment]
         from haltwire.store.runs.postgres import PostgresRunStore as Runs  # type: ignore[assignment]
         from haltwire.store.trips.postgres import PostgresTripStore as Trips  # type: ignore[assignment]
 
         tables = _tables(
-            Changes.TABLES, Audit.TABLES, Runs.TABLES, Credentials.TABLES, Intents.TABLES, Trips.TABLES
+            Changes.TABLES, Audit.TABLES, Runs.TABLES, Credentials.TABLES, Intents.TABLES, Trips.TABLES,
+            Pages.TABLES,
         )
         name = f"haltwire-control-{section.schema_}"[:63]  # which replica's schema, in pg_stat_activity
         db = await PostgresDb.open(section.url, section.schema_, 5.0, name, tables)
     try:
-        yield Stores(Changes(db), Audit(db, key), Runs(db), Credentials(db), Intents(db), Trips(db), db)
+        yield Stores(Changes(db), Audit(db, key), Runs(db), Credentials(db), Intents(db), Trips(db), Pages(db), db)
     finally:
         await db.aclose()
 

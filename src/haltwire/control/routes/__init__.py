@@ -27,8 +27,10 @@ from starlette.routing import BaseRoute
 from haltwire.control import wall_clock
 from haltwire.control.config import ControlConfig
 from haltwire.control.errors import Refused, unavailable
+from haltwire.control.notify import receivers
 from haltwire.control.plane import Plane
 from haltwire.control.routes import calls, credentials, intents, openapi, reports, runs, stops
+from haltwire.control.routes.paging import Sender
 from haltwire.control.routes.wire import answer
 from haltwire.control.stores import Stores, open_stores
 from haltwire.store.registry import RegistryUnavailable
@@ -78,16 +80,20 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return PlainTextResponse(exc.detail, status_code=exc.status_code, headers=exc.headers)
 
 
-def create_app(config: ControlConfig, stores: Stores | None = None, rules: bool = True) -> ControlApp:
+def create_app(
+    config: ControlConfig, stores: Stores | None = None, *, rules: bool = True, pages: bool = True
+) -> ControlApp:
     """The control plane. Without ``stores``, they open when the app starts and close when it stops.
-    ``rules``: run the background rules (the wall-clock sweep); off in the agents' process, so a
-    control plane runs one sweep, whatever its processes."""
+    ``rules``: run the background rules (the wall-clock sweep); ``pages``: send the pages of
+    ``[[notify]]``. Both off in the agents' process, so a control plane runs one of each, whatever
+    its processes."""
     plane = Plane(config)
+    sender = Sender(plane, receivers(config)) if pages and config.notify else None  # secrets read now
 
     @asynccontextmanager
     async def following(opened: Stores) -> AsyncIterator[None]:
-        # The app owns these tasks: writes by other replicas wake our watchers, and the audit
-        # head the watch publishes is kept current, until shutdown.
+        # The app owns these tasks: writes by other replicas wake our watchers, the audit head
+        # the watch publishes is kept current, and pages are sent, until shutdown.
         plane.stores = opened
         await opened.audit.seal(time.time())  # records from before the log had a key, if any
         async with anyio.create_task_group() as tg:
@@ -95,6 +101,8 @@ def create_app(config: ControlConfig, stores: Stores | None = None, rules: bool 
             tg.start_soon(plane.follow_audit_head)
             if rules:
                 tg.start_soon(wall_clock.sweep, plane)
+            if sender is not None:
+                tg.start_soon(sender.run)
             try:
                 yield
             finally:
