@@ -1,4 +1,4 @@
-"""Counter stores: where budgets and in-flight slots are counted.
+"""Counter stores: where budgets, in-flight slots and the tripwires' counts are counted.
 
 The admission policy (``haltwire.gateway.ceilings``) decides *what* to count and the limits;
 a store only counts, atomically: one ``admit`` checks every counter it is given and
@@ -51,11 +51,57 @@ class Decision:
 ADMITTED = Decision()
 
 
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """Add ``amount`` to a count; with a ``limit``, refuse (add nothing anywhere) if it would go past it."""
+
+    key: str
+    amount: int
+    limit: int | None
+    ttl_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Streak:
+    """Outcomes in a row: a hit adds one, anything else sets it back to 0."""
+
+    key: str
+    hit: bool
+    ttl_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Repeat:
+    """The same ``digest`` in a row: the same as last time adds one, another starts again at 1."""
+
+    key: str
+    digest: str
+    ttl_s: float
+
+
+TallyOp = Tally | Streak | Repeat
+
+
+@dataclass(frozen=True, slots=True)
+class Tallies:
+    """What ``tally`` did: ``refused``, the index of the ``Tally`` that would have gone past its
+    limit (then nothing was counted, and ``values`` are the counts as they were); else None, and
+    ``values`` are each op's count after it."""
+
+    values: tuple[int, ...]
+    refused: int | None = None
+
+
 class CounterStore(Protocol):
     async def admit(
         self, budgets: Sequence[BudgetCounter], slots: Sequence[SlotCounter], slot_id: str, now: float
     ) -> Decision:
         """Check every counter; if all have room, count the call in each budget and take a slot in each."""
+        ...
+
+    async def tally(self, ops: Sequence[TallyOp], now: float) -> Tallies:
+        """Every op of one call's tripwires, atomically and in one round trip: first every
+        limited ``Tally`` is checked, then, if none refuses, every op is applied."""
         ...
 
     async def release(self, slots: Sequence[SlotCounter], slot_id: str) -> None:
@@ -79,5 +125,10 @@ __all__ = [
     "CounterStore",
     "CountersUnavailable",
     "Decision",
+    "Repeat",
     "SlotCounter",
+    "Streak",
+    "Tallies",
+    "Tally",
+    "TallyOp",
 ]

@@ -16,7 +16,17 @@ from collections.abc import Sequence
 
 import anyio.abc
 
-from haltwire.store.counters import ADMITTED, BudgetCounter, Decision, SlotCounter
+from haltwire.store.counters import (
+    ADMITTED,
+    BudgetCounter,
+    Decision,
+    Repeat,
+    SlotCounter,
+    Streak,
+    Tallies,
+    Tally,
+    TallyOp,
+)
 
 _SWEEP_EVERY = 4096
 _GRACE_S = 60.0
@@ -33,6 +43,9 @@ class MemoryCounters:
         self._admits = 0
         # key -> ids of the admissions holding a slot.
         self._slots: dict[str, set[str]] = {}
+        # Tripwire counts: key -> (count, digest of a Repeat, expires at); swept like budgets.
+        self._tallies: dict[str, tuple[int, str, float]] = {}
+        self._tallied = 0
 
     async def admit(
         self, budgets: Sequence[BudgetCounter], slots: Sequence[SlotCounter], slot_id: str, now: float
@@ -63,6 +76,32 @@ class MemoryCounters:
         for key in [k for k, ends in self._ends.items() if ends < now - _GRACE_S]:
             del self._ends[key]
             self._budgets.pop(key, None)
+
+    async def tally(self, ops: Sequence[TallyOp], now: float) -> Tallies:
+        held = self._tallies
+        current: list[tuple[int, str]] = []
+        for op in ops:
+            entry = held.get(op.key)
+            current.append((0, "") if entry is None or entry[2] <= now else (entry[0], entry[1]))
+        for i, op in enumerate(ops):
+            if isinstance(op, Tally) and op.limit is not None and current[i][0] + op.amount > op.limit:
+                return Tallies(tuple(c for c, _ in current), refused=i)
+        values: list[int] = []
+        for op, (count, seen) in zip(ops, current, strict=True):
+            if isinstance(op, Tally):
+                count, seen = count + op.amount, ""
+            elif isinstance(op, Streak):
+                count = count + 1 if op.hit else 0
+            else:
+                assert isinstance(op, Repeat)
+                count, seen = (count + 1 if seen == op.digest else 1), op.digest
+            held[op.key] = (count, seen, now + op.ttl_s)
+            values.append(count)
+        self._tallied += 1
+        if self._tallied % _SWEEP_EVERY == 0:
+            for key in [k for k, (_, _, ends) in held.items() if ends <= now]:
+                del held[key]
+        return Tallies(tuple(values))
 
     def __len__(self) -> int:
         """How many budget keys are held."""

@@ -26,7 +26,17 @@ import anyio.abc
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from haltwire.store.counters import ADMITTED, BudgetCounter, CountersUnavailable, Decision, SlotCounter
+from haltwire.store.counters import (
+    ADMITTED,
+    BudgetCounter,
+    CountersUnavailable,
+    Decision,
+    SlotCounter,
+    Streak,
+    Tallies,
+    Tally,
+    TallyOp,
+)
 from haltwire.store.lua import lua_script
 from haltwire.store.redis import MAX_CONNECTIONS, redis_client
 from haltwire.store.retry import Retries
@@ -36,6 +46,7 @@ log = logging.getLogger("haltwire.store")
 # The scripts are .lua files beside this module (their contracts are at their tops).
 _ADMIT = lua_script(__package__, "admit.lua")
 _RELEASE = lua_script(__package__, "release.lua")
+_TALLY = lua_script(__package__, "tally.lua")
 
 
 def _unavailable(exc: BaseException) -> CountersUnavailable:
@@ -62,6 +73,7 @@ class RedisCounters:
         self._redis = client or redis_client(url, timeout_s=timeout_s, max_connections=max_connections)
         self._admit = self._redis.register_script(_ADMIT)
         self._release = self._redis.register_script(_RELEASE)
+        self._tally = self._redis.register_script(_TALLY)
         #: Releases that failed, retried until done or until their slots have expired.
         self.releases = Retries("slot release")
         #: Round trips made, for the benchmark's "round trips per call" figure.
@@ -95,6 +107,30 @@ class RedisCounters:
         if kind == 0:
             return ADMITTED
         return Decision(("budget" if kind == 1 else "slots", int(index) - 1))
+
+    async def tally(self, ops: Sequence[TallyOp], now: float) -> Tallies:
+        """One call's tripwire counts in one script (``tally.lua``). Never retried, like an
+        admission: a repeat whose first reply was lost would count the call twice."""
+        if not ops:
+            return Tallies(())
+        keys = [f"{self._prefix}:t:{op.key}" for op in ops]
+        args: list[Any] = []
+        for op in ops:
+            if isinstance(op, Tally):
+                args += ["t", op.amount, -1 if op.limit is None else op.limit]
+            elif isinstance(op, Streak):
+                args += ["s", 1 if op.hit else 0, 0]
+            else:
+                args += ["r", op.digest, 0]
+            args.append(max(1, math.ceil(op.ttl_s * 1000)))
+        try:
+            self.round_trips += 1
+            with anyio.fail_after(self._timeout_s):
+                reply = await self._tally(keys=keys, args=args)
+        except (RedisError, OSError) as exc:
+            raise _unavailable(exc) from exc
+        refused = int(reply[0])
+        return Tallies(tuple(int(v) for v in reply[1:]), None if refused == 0 else refused - 1)
 
     async def release(self, slots: Sequence[SlotCounter], slot_id: str) -> None:
         """Give the slots back. A failed attempt is left to the retries, when they run;

@@ -1,0 +1,393 @@
+"""The gateway's per-call tripwires: per call, which counts to touch, and what the counts mean.
+
+Three points in the pipeline (``haltwire.gateway.proxy``):
+
+1. ``latched``, right after the stop check: a scope this gateway has tripped is refused
+   ``tripwire_tripped`` until the control plane's stop for it has arrived through the watch
+   (from then on the stop itself refuses it, and an operator's clear restores it). Without
+   ``[control]`` the latch holds for the life of the process.
+2. ``admit``, after the ceilings: the admission kinds (steps, money, rate, repeated calls) in
+   one ``tally`` of the counter store (one round trip); a rule in enforce mode refuses the call
+   that would go past its limit, and nothing of that call is counted anywhere.
+3. ``settle``, once the call's result or refusal is known: the result kinds (policy hits,
+   repeated results, content) in one more ``tally`` (only when such rules exist). The call has
+   been served: a trip here stops the scope's next calls; a content signal in enforce mode
+   also replaces the result, so the model never reads the text that tripped it.
+
+A trip in enforce mode latches its scope, queues its stop for ``StopWriter`` (as the
+``tripwire`` identity, with the rule, its figures and the calls that counted), and logs. In
+shadow mode nothing is refused: the would-be firing is logged, counted (``shadow_firings``) and
+kept with its time (``fired``). Counter store down: ``admit`` fails closed
+(``counters_unavailable``); ``settle`` logs and leaves the served result as it is.
+No rule (or every rule off): the gateway builds no ``Tripwires`` and a call does no work here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import quote
+
+from haltwire import refusal
+from haltwire.config import Label
+from haltwire.identity import Identity
+from haltwire.refusal import Refusal, iso_utc
+from haltwire.store.counters import CounterStore, CountersUnavailable, Repeat, Streak, Tally, TallyOp
+from haltwire.tripwires.content import Detector, detector, result_text
+from haltwire.tripwires.rules import (
+    ADMISSION_KINDS,
+    RESULT_KINDS,
+    TripwireRule,
+    UnreadableAmount,
+    digest,
+    is_hit,
+    normalized_text,
+    read_amount,
+)
+from haltwire.tripwires.writer import Landed, StopWriter, Trip
+
+log = logging.getLogger("haltwire.tripwires")
+
+Clock = Callable[[], float]
+LabelOf = Callable[[str], Label | None]
+
+#: How long a run's counts are kept after its last call (as the ceilings' run budget).
+RUN_TTL_S: Final = 7 * 24 * 3600.0
+#: Calls kept as evidence per count, and counts with evidence kept (the oldest go first).
+EVIDENCE_CALLS: Final = 10
+EVIDENCE_KEYS: Final = 10_000
+#: Scopes latched at once; past it the oldest latch goes (its stop was long written).
+MAX_LATCHED: Final = 100_000
+#: Trips and would-be firings kept for inspection (tests, the log's neighbours).
+KEPT: Final = 1000
+
+
+@dataclass(slots=True)
+class _Latch:
+    trip: Trip
+    #: The revision of its stop once written; the latch goes once the watch has reached it.
+    landed_at: int | None = None
+
+
+class Tripwires:
+    def __init__(
+        self,
+        rules: Sequence[TripwireRule],
+        store: CounterStore,
+        *,
+        writer: StopWriter | None = None,
+        watch_revision: Callable[[], int] | None = None,
+        clock: Clock = time.time,
+        labels: LabelOf | None = None,
+    ) -> None:
+        active = [r for r in rules if r.mode != "off"]
+        self._admission = [r for r in active if r.kind in ADMISSION_KINDS]
+        self._results = [r for r in active if r.kind in RESULT_KINDS]
+        self._detectors: dict[str, Detector] = {
+            r.name: detector(r.detector) for r in active if r.kind == "content"
+        }
+        self._store = store
+        self._writer = writer
+        self._watch_revision = watch_revision
+        self._clock = clock
+        self._labels = labels
+        self._latched: OrderedDict[str, _Latch] = OrderedDict()
+        self._evidence: OrderedDict[str, deque[str]] = OrderedDict()
+        #: Enforced trips and shadow firings, newest last.
+        self.trips: deque[Trip] = deque(maxlen=KEPT)
+        self.fired: deque[Trip] = deque(maxlen=KEPT)
+        self.shadow_firings = 0
+        if writer is not None:
+            writer.on_landed = self._landed
+
+    @property
+    def rules(self) -> list[TripwireRule]:
+        return self._admission + self._results
+
+    # 1. the latch
+
+    def latched(self, identity: Identity, tool: str, run: str | None) -> Refusal | None:
+        """The refusal of a call in a scope this gateway tripped, or None."""
+        if not self._latched:
+            return None
+        for scope in _scopes(identity, run):
+            latch = self._latched.get(scope)
+            if latch is None:
+                continue
+            if self._released(latch):
+                del self._latched[scope]
+                continue
+            return _refusal(latch.trip, run)
+        return None
+
+    def _released(self, latch: _Latch) -> bool:
+        if latch.landed_at is None or self._watch_revision is None:
+            return False
+        return self._watch_revision() >= latch.landed_at
+
+    def _landed(self, trip: Trip, landed: Landed) -> None:
+        latch = self._latched.get(trip.scope)
+        if latch is not None and latch.trip.key == trip.key:
+            latch.landed_at = landed.revision
+
+    # 2. admission
+
+    async def admit(
+        self, identity: Identity, tool: str, run: str | None, arguments: dict[str, Any] | None
+    ) -> Refusal | None:
+        """Count the call in the admission rules; the refusal of a tripped enforce rule, or None."""
+        if not self._admission:
+            return None
+        now = self._clock()
+        label = self._labels(tool) if self._labels is not None else None
+        ops: list[TallyOp] = []
+        owners: list[tuple[TripwireRule, str, int]] = []  # rule, the key's window tag, amount
+        args_digest: str | None = None
+        for r in self._admission:
+            if not r.counts(tool, label) or (r.per_run and run is None):
+                continue
+            limit = r.limit if r.mode == "enforce" else None
+            if r.kind == "repeated_calls":
+                args_digest = args_digest or digest([tool, arguments or {}])
+                ops.append(Repeat(_key(r, identity, run), args_digest, RUN_TTL_S))
+                owners.append((r, "", 0))
+                continue
+            amount = 1
+            if r.kind == "money":
+                assert r.amount is not None
+                try:
+                    amount = read_amount(arguments, r.amount)
+                except UnreadableAmount as exc:
+                    trip = self._fire(r, identity, run, now, str(exc), {"limit": r.limit}, [])
+                    if trip is not None:
+                        return trip
+                    continue
+            if r.kind == "rate":
+                assert r.window_s is not None
+                window = int(now // r.window_s)
+                ends = (window + 1) * r.window_s
+                ops.append(Tally(_key(r, identity, run, window), amount, limit, ends - now + 60))
+                owners.append((r, str(window), amount))
+            else:
+                ops.append(Tally(_key(r, identity, run), amount, limit, RUN_TTL_S))
+                owners.append((r, "", amount))
+        if not ops:
+            return None
+        try:
+            tallies = await self._store.tally(ops, now)
+        except CountersUnavailable:
+            return refusal.counters_unavailable()
+        note = _note(now, tool, arguments)
+        if tallies.refused is not None:
+            r, tag, amount = owners[tallies.refused]
+            was = tallies.values[tallies.refused]
+            detail, over = _over(r, was, amount, tool, run)
+            evidence = self._evidence_of(ops[tallies.refused].key, None)
+            refused = self._fire(
+                r, identity, run, now, detail, over, [*evidence, note + " (refused)"], tag
+            )
+            assert refused is not None  # only enforce rules have limits in the store
+            return refused
+        first: Refusal | None = None
+        for op, (r, tag, amount), value in zip(ops, owners, tallies.values, strict=True):
+            evidence = self._evidence_of(op.key, note)
+            if r.kind == "repeated_calls":
+                assert r.in_a_row is not None
+                if value < r.in_a_row or (r.mode == "shadow" and value > r.in_a_row):
+                    continue
+                detail = f"{value} calls in a row of {tool} with the same arguments (trips at {r.in_a_row})"
+                figures = {"in_a_row": value, "threshold": r.in_a_row, "tool": tool}
+            else:
+                assert r.limit is not None
+                if r.mode != "shadow" or not value - amount <= r.limit < value:
+                    continue  # enforce: under its limit (past it, the store refused); shadow: fired already
+                detail, figures = _over(r, value - amount, amount, tool, run)
+            fired = self._fire(r, identity, run, now, detail, figures, list(evidence), tag)
+            first = first or fired
+        return first
+
+    # 3. the result
+
+    async def settle(
+        self, identity: Identity, tool: str, run: str | None, result: dict[str, Any] | Refusal
+    ) -> dict[str, Any] | Refusal:
+        """Count the call's outcome in the result rules; the result, or what replaces it."""
+        if not self._results:
+            return result
+        code = result.code if isinstance(result, Refusal) else None
+        if code == "tripwire_tripped":
+            return result
+        wire = result if isinstance(result, dict) else None
+        now = self._clock()
+        label = self._labels(tool) if self._labels is not None else None
+        ops: list[TallyOp] = []
+        owners: list[TripwireRule] = []
+        replaced: Refusal | None = None
+        for r in self._results:
+            if not r.counts(tool, label):
+                continue
+            if r.kind == "content":
+                if wire is None:
+                    continue
+                signal = self._detectors[r.name].scan(result_text(wire))
+                if signal is not None:
+                    detail = (
+                        f"{signal.detector} found {signal.what} in the result of {tool}: {signal.evidence!r}"
+                    )
+                    figures = {"detector": signal.detector, "tool": tool}
+                    fired = self._fire(r, identity, run, now, detail, figures, [_note(now, tool, None)])
+                    replaced = replaced or fired
+                continue
+            if run is None:
+                continue
+            if r.kind == "policy_hits":
+                ops.append(Streak(_key(r, identity, run), is_hit(wire, code), RUN_TTL_S))
+            elif wire is not None:  # repeated_results: a refusal is no result
+                shown = normalized_text(result_text(wire))
+                ops.append(
+                    Repeat(
+                        _key(r, identity, run), digest([tool, bool(wire.get("isError")), shown]), RUN_TTL_S
+                    )
+                )
+            else:
+                continue
+            owners.append(r)
+        if ops:
+            try:
+                tallies = await self._store.tally(ops, now)
+            except CountersUnavailable as exc:
+                log.warning("tripwires could not count the outcome of %s in run %s (%s)", tool, run, exc)
+                return replaced or result
+            note = _note(now, tool, None) + (f" refused {code}" if code else "")
+            for op, r, value in zip(ops, owners, tallies.values, strict=True):
+                evidence = self._evidence_of(op.key, note if value else None)
+                assert r.in_a_row is not None
+                if value < r.in_a_row or (r.mode == "shadow" and value > r.in_a_row):
+                    if not value:
+                        self._evidence.pop(op.key, None)
+                    continue
+                what = "refusals or errors" if r.kind == "policy_hits" else f"identical results of {tool}"
+                detail = f"{value} {what} in a row in run {run} (trips at {r.in_a_row})"
+                counted: dict[str, Any] = {"in_a_row": value, "threshold": r.in_a_row}
+                self._fire(r, identity, run, now, detail, counted, list(evidence))
+        return replaced or result
+
+    # trips
+
+    def _fire(
+        self,
+        rule: TripwireRule,
+        identity: Identity,
+        run: str | None,
+        now: float,
+        detail: str,
+        figures: dict[str, Any],
+        evidence: list[str],
+        window: str = "",
+    ) -> Refusal | None:
+        """Record a firing; in enforce mode latch its scope, queue its stop and return the refusal."""
+        scope = _scope(rule, identity, run)
+        name = hashlib.sha256(f"{rule.name}\n{scope}\n{run}\n{window}".encode()).hexdigest()[:40]
+        trip = Trip(
+            rule.name,
+            rule.kind,
+            rule.mode,
+            scope or f"run:{run}",
+            f"tripwire-{name}",
+            detail,
+            now,
+            {**figures, "at": iso_utc(now)},
+            tuple(evidence[-EVIDENCE_CALLS:]),
+        )
+        if rule.mode == "shadow":
+            self.shadow_firings += 1
+            self.fired.append(trip)
+            log.warning("tripwire %s (shadow) would have stopped %s: %s", rule.name, trip.scope, detail)
+            return None
+        self.trips.append(trip)
+        if scope is None:  # a run rule's call without a run: refused, nothing to stop
+            return _refusal(trip, run)
+        log.warning("tripwire %s stopped %s: %s", rule.name, scope, detail)
+        self._latched[scope] = _Latch(trip)
+        self._latched.move_to_end(scope)
+        while len(self._latched) > MAX_LATCHED:
+            self._latched.popitem(last=False)
+        if self._writer is not None:
+            self._writer.write(trip)
+        return _refusal(trip, run)
+
+    def _evidence_of(self, key: str, note: str | None) -> deque[str]:
+        """The calls counted under ``key`` at this gateway, with ``note`` added when given."""
+        kept = self._evidence.get(key)
+        if kept is None:
+            kept = self._evidence[key] = deque(maxlen=EVIDENCE_CALLS)
+            while len(self._evidence) > EVIDENCE_KEYS:
+                self._evidence.popitem(last=False)
+        else:
+            self._evidence.move_to_end(key)
+        if note is not None:
+            kept.append(note)
+        return kept
+
+
+def _refusal(trip: Trip, run: str | None) -> Refusal:
+    if trip.scope.startswith("run:") and run is not None and trip.scope == f"run:{run}":
+        return refusal.tripwire_tripped(trip.rule, run, detail=trip.detail)
+    return refusal.tripwire_tripped(trip.rule, run or "", scope=trip.scope, detail=trip.detail)
+
+
+def _scopes(identity: Identity, run: str | None) -> list[str]:
+    out = [
+        f"tenant:{identity.tenant}",
+        f"agent:{identity.agent}",
+        f"version:{identity.agent}@{identity.version}",
+    ]
+    return [f"run:{run}", *out] if run is not None else out
+
+
+def _scope(rule: TripwireRule, identity: Identity, run: str | None) -> str | None:
+    stops = rule.stops
+    if stops == "run":
+        return None if run is None else f"run:{run}"
+    if stops == "tenant":
+        return f"tenant:{identity.tenant}"
+    if stops == "agent":
+        return f"agent:{identity.agent}"
+    return f"version:{identity.agent}@{identity.version}"
+
+
+def _key(rule: TripwireRule, identity: Identity, run: str | None, window: int | None = None) -> str:
+    """The count's name: the rule's, then what it counts per (and the window of a rate)."""
+    if rule.per == "tenant":
+        base = f"{rule.name}:tenant:{quote(identity.tenant, safe='')}"
+    elif rule.per == "agent":
+        base = f"{rule.name}:agent:{quote(identity.agent, safe='')}"
+    else:
+        base = f"{rule.name}:run:{quote(identity.tenant, safe='')}/{quote(run or '', safe='')}"
+    return base if window is None else f"{base}:{window}"
+
+
+def _over(
+    rule: TripwireRule, was: int, amount: int, tool: str, run: str | None
+) -> tuple[str, dict[str, Any]]:
+    """What a budget's trip says: where it was, what the call added, its limit."""
+    limit = rule.limit
+    if rule.kind == "steps":
+        detail = f"call {was + amount} of run {run} would pass its limit of {limit} tool calls"
+    elif rule.kind == "money":
+        detail = f"{was} spent through tools in run {run}, plus {amount} by {tool}, would pass its limit of {limit}"
+    else:
+        per = f"run {run}" if rule.per == "run" else f"this {rule.per}"
+        detail = f"call {was + amount} of {per} within {rule.window_s:g} s would pass its limit of {limit}"
+    return detail, {"counted": was, "this_call": amount, "limit": limit, "tool": tool}
+
+
+def _note(now: float, tool: str, arguments: dict[str, Any] | None) -> str:
+    """One call as evidence: when, the tool, and its arguments' digest (never the arguments)."""
+    args = "" if arguments is None else f" arguments {digest(arguments)[:12]}"
+    return f"{iso_utc(now)} {tool}{args}"
