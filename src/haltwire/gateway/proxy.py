@@ -26,8 +26,9 @@ stop it wrote arrives through the watch; after the ceilings (so a call they refu
 counted), the budget rules (steps, money, rate) and repeated calls are counted in one round
 trip, and the call that would go past a limit is refused there, never served; once the result
 or refusal is known (any after the stop check: a ceiling's refusal is a policy hit), policy
-hits, repeated results and content signals judge it, and a content signal replaces the result.
-A tripwire's own refusal is not judged again.
+hits, repeated results and content signals judge it (a JSON-RPC error from the upstream, or an
+unknown tool, as an error result), and a content signal replaces the result. A tripwire's own
+refusal is not judged again.
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ from haltwire.upstreams import Progress, Route, Upstreams, UpstreamUnavailable
 from haltwire.watch import StopWatch
 
 log = logging.getLogger("haltwire.gateway")
+
+#: What the tripwires judge a call that ended in a JSON-RPC error by: an error result.
+FAILED: dict[str, Any] = {"isError": True, "content": []}
 
 #: How long releasing a slot may take once the call is over (shielded from cancellation).
 RELEASE_TIMEOUT_S = 2.0
@@ -152,7 +156,12 @@ class Gateway:
             return await self._admitted(identity, name, arguments, meta, progress, lease, run)
         if (tripped := tripwires.latched(identity, name, run)) is not None:
             return tripped
-        result = await self._admitted(identity, name, arguments, meta, progress, lease, run)
+        try:
+            result = await self._admitted(identity, name, arguments, meta, progress, lease, run)
+        except MCPError:
+            # The upstream's JSON-RPC error (passed on as is), or an unknown tool: an error outcome.
+            await tripwires.settle(identity, name, run, FAILED)
+            raise
         return await tripwires.settle(identity, name, run, result)
 
     async def _admitted(
