@@ -1,0 +1,105 @@
+"""A rate tripwire across three gateway processes sharing Redis (issue 13's acceptance): a tenant
+limit of 20 refunds per hour allows exactly 20 across them, zero overshoot, and the run of every
+call past it (the 21st first) is stopped through the control plane."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import tomli_w
+
+from gateway_processes import HALTWIRE, Gateway, Processes, wait_ready
+from harness import TOKENS, config_dict, connect, running_upstream
+from redis_process import free_port, shared_prefix
+from test_gateway_leases import LEASES
+from test_gateway_stops import control_plane, until
+from test_tripwires_gateway import outcome, stops_of
+
+pytestmark = [pytest.mark.anyio, pytest.mark.redis]
+
+LIMIT = 20
+RUNS = 30
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Processes]:
+    p = Processes(tmp_path)
+    try:
+        yield p
+    finally:
+        p.stop_all()
+
+
+def gateway_toml(upstream: str, cp: str, port: int, redis_url: str, prefix: str) -> dict[str, Any]:
+    data = config_dict(upstream)
+    data["gateway"] = {**data["gateway"], "port": port}
+    data["counters"] = {"backend": "redis", "url": redis_url, "prefix": prefix, "timeout_s": 10.0}
+    data["control"] = {"url": cp, "token": "tok-gateway", "staleness_s": 5.0}
+    data["leases"] = LEASES
+    data["tripwire_stops"] = {"url": cp, "token": "tok-tripwire"}
+    data["tripwires"] = [
+        {
+            "name": "refunds-per-tenant",
+            "kind": "rate",
+            "per": "tenant",
+            "scope": "run",
+            "limit": LIMIT,
+            "window_s": 3600.0,
+            "tools": ["lookup_order"],
+        }
+    ]
+    return data
+
+
+async def test_three_gateways_allow_exactly_the_tenant_rate_and_stop_the_runs_past_it(
+    tmp_path: Path, procs: Processes
+) -> None:
+    with shared_prefix("hwtest-tripwires") as (redis_url, prefix):
+        async with control_plane(tmp_path / "control.db") as cp, running_upstream() as (demo, up):
+            gateways = []
+            for i in range(3):
+                gw = Gateway(f"gateway-{i}", free_port(), tmp_path / f"gateway-{i}.toml")
+                gw.config.write_text(tomli_w.dumps(gateway_toml(up, cp, gw.port, redis_url, prefix)))
+                procs.spawn(gw.name, [*HALTWIRE, "gateway", "--config", str(gw.config)])
+                gateways.append(gw)
+            for gw in gateways:
+                await anyio.to_thread.run_sync(wait_ready, procs, gw.name, gw.readyz)
+            before = demo.served["lookup_order"]
+            seen: dict[str, str | None] = {}
+
+            async def one(run: str, url: str) -> None:
+                async with connect(url, TOKENS["ops-bot"]) as client:
+                    seen[run] = await outcome(client, run)
+
+            # Every run calls once, all at once, spread over the three gateways.
+            async with anyio.create_task_group() as tg:
+                for i in range(RUNS):
+                    tg.start_soon(one, f"run-{i}", gateways[i % 3].url)
+
+            told = {gw.name: procs.log_tail(gw.name, 800) for gw in gateways}
+            assert Counter(seen.values()) == {None: LIMIT, "tripwire_tripped": RUNS - LIMIT}, told
+            assert demo.served["lookup_order"] - before == LIMIT, "zero overshoot"
+            refused = {run for run, code in seen.items() if code is not None}
+
+            async def every_refused_run_stopped() -> bool:
+                stopped = {s["scope"] for s in await stops_of(cp)}
+                return stopped == {f"run:{r}" for r in refused}
+
+            await until(every_refused_run_stopped, within=15.0)
+            for s in await stops_of(cp):
+                assert s["issued_by"] == "tripwire-1" and "refunds-per-tenant (rate, enforce)" in s["reason"]
+            # A served run is not stopped; a refused one is refused by its stop everywhere.
+            served = next(r for r, c in seen.items() if c is None)
+            stopped = next(iter(refused))
+            for gw in gateways:
+                async with connect(gw.url, TOKENS["ops-bot"]) as client:
+                    assert await outcome(client, stopped) in ("stopped", "tripwire_tripped")
+            # The tenant's hour is spent: the served run's next call trips the rule too (and its
+            # stop then reaches the other gateways).
+            async with connect(gateways[0].url, TOKENS["ops-bot"]) as client:
+                assert await outcome(client, served) == "tripwire_tripped"
