@@ -161,6 +161,22 @@ async def test_shadow_never_refuses_and_records_the_would_be_firing(tmp_path: Pa
         assert tripwires.fired[0].mode == "shadow" and tripwires.shadow_firings == 1
         assert await stops_of(cp) == []
 
+        async def recorded() -> list[dict[str, Any]]:
+            async with httpx2.AsyncClient(base_url=cp, timeout=10) as http:
+                r = await http.get("/v1/audit", params={"target": "run:run-1"}, headers=auth("operator"))
+            assert r.status_code == 200, r.text
+            return [x for x in r.json()["records"] if x["action"] == "stop.shadow"]
+
+        async def written() -> bool:
+            return bool(await recorded())
+
+        await until(written)
+        (record,) = await recorded()
+        assert record["actor"] == "tripwire-1" and record["detail"]["rule"] == f"{kind}-wire"
+        assert record["detail"]["run_id"] == "run-1"
+        assert record["detail"]["fired_at"] == tripwires.fired[0].at
+        assert record["reason"].startswith("would have stopped run:run-1: tripwire")
+
 
 async def test_content_replaces_an_injected_result(tmp_path: Path) -> None:
     rules = [{"name": "injection", "kind": "content", "tools": ["lookup_order"]}]

@@ -16,8 +16,9 @@ Three points in the pipeline (``haltwire.gateway.proxy``):
 
 A trip in enforce mode latches its scope, queues its stop for ``StopWriter`` (as the
 ``tripwire`` identity, with the rule, its figures and the calls that counted), and logs. In
-shadow mode nothing is refused: the would-be firing is logged, counted (``shadow_firings``) and
-kept with its time (``fired``). Counter store down: ``admit`` fails closed
+shadow mode nothing is refused: the would-be firing is logged, counted (``shadow_firings``), kept
+with its time (``fired``) and recorded at the control plane by the writer (a ``stop.shadow`` audit
+record, in the run report). Counter store down: ``admit`` fails closed
 (``counters_unavailable``); ``settle`` logs and leaves the served result as it is.
 No rule (or every rule off): the gateway builds no ``Tripwires`` and a call does no work here.
 """
@@ -308,6 +309,8 @@ class Tripwires:
             self.shadow_firings += 1
             self.fired.append(trip)
             log.warning("tripwire %s (shadow) would have stopped %s: %s", rule.name, trip.scope, detail)
+            if self._writer is not None and scope is not None:
+                self._writer.write(trip)  # recorded at the control plane, for the audit and the report
             return None
         self.trips.append(trip)
         if scope is None:  # a run rule's call without a run: refused, nothing to stop

@@ -12,6 +12,10 @@ first request wrote. A 409 means another request with the key (another gateway w
 token, tripping the same rule for the same scope) wrote the stop first: landed too. Any other
 4xx is an answer (a token without the ``tripwire`` role, say): logged as an error, not repeated.
 
+A firing in shadow mode takes the same queue and retries to ``POST /v1/tripwire-firings``
+(``haltwire.control.firings``): recorded in the audit log and the run report as what the rule
+would have stopped, with the time it would have fired; nothing is stopped.
+
 Cancellation: a trip still unwritten when the task is cancelled (the gateway stopping) is logged
 with its rule, scope and reason; the log is the record of last resort, and the gateway's local
 refusal ends with the process.
@@ -137,16 +141,29 @@ class StopWriter:
 
     async def _attempt(self, trip: Trip) -> tuple[bool, Landed | None]:
         """(done, the stop as written: None when refused for good, logged); not done: try again."""
-        body = {"scope": trip.scope, "reason": trip.reason}
+        if trip.mode == "shadow":
+            path = "/v1/tripwire-firings"
+            body: dict[str, Any] = {
+                "firing_id": trip.key,
+                "rule": trip.rule,
+                "kind": trip.kind,
+                "scope": trip.scope,
+                "reason": trip.reason,
+                "fired_at": trip.at,
+            }
+        else:
+            path, body = "/v1/stops", {"scope": trip.scope, "reason": trip.reason}
         try:
             with anyio.fail_after(REQUEST_TIMEOUT_S):
                 response = await self._http.request(
-                    "POST", "/v1/stops", json=body, headers={"Idempotency-Key": trip.key}
+                    "POST", path, json=body, headers={"Idempotency-Key": trip.key}
                 )
         except (TimeoutError, Unreachable) as exc:
             problem = describe(exc)
         else:
             status = response.status_code
+            if status in (200, 201) and trip.mode == "shadow":
+                return True, None
             if status in (200, 201):
                 answer = response.json()
                 log.warning("tripwire %s stopped %s: stop %s", trip.rule, trip.scope, answer.get("stop_id"))

@@ -27,7 +27,7 @@ from starlette.routing import BaseRoute
 from haltwire.control.config import ControlConfig
 from haltwire.control.errors import Refused, unavailable
 from haltwire.control.plane import Plane
-from haltwire.control.routes import calls, credentials, intents, openapi, reports, runs, stops
+from haltwire.control.routes import calls, credentials, firings, intents, openapi, reports, runs, stops
 from haltwire.control.routes.wire import answer
 from haltwire.control.stores import Stores, open_stores
 from haltwire.store.registry import RegistryUnavailable
@@ -40,6 +40,7 @@ routes: list[BaseRoute] = [
     *intents.routes,
     *reports.routes,
     *calls.routes,
+    *firings.routes,
 ]
 
 
