@@ -301,3 +301,21 @@ async def test_off_rules_do_nothing() -> None:
     tw = Tripwires([rule(kind="steps", limit=0, mode="off")], MemoryCounters())
     assert tw.rules == []
     assert await tw.admit(OPS, "t", "r1", {}) is None
+
+
+async def test_tallies_go_with_the_admission_all_or_nothing(kind: tuple[str, str, str]) -> None:
+    from haltwire.store.counters import BudgetCounter
+
+    async with opened(kind) as store:
+        budget = BudgetCounter("ops:b", 0, 2, NOW + 60)
+        trip = Tally("trip", 1, 1, 60)
+        first = await store.admit([budget], [], "", NOW, [trip, Streak("s", True, 60)])
+        assert first.admitted and first.tallied == (1, 1)
+        # The tally refuses: the budget is not counted either.
+        refused = await store.admit([budget], [], "", NOW, [trip, Streak("s", True, 60)])
+        assert refused.refused == ("tally", 0) and refused.tallied == (1, 1)
+        # The budget refuses: the tallies are not applied.
+        assert (await store.admit([budget], [], "", NOW, [Tally("other", 1, None, 60)])).admitted
+        over = await store.admit([budget], [], "", NOW, [Tally("other", 1, None, 60)])
+        assert over.refused == ("budget", 0) and over.tallied == (1,)
+        assert (await store.tally([Tally("other", 0, None, 60)], NOW)).values == (1,)

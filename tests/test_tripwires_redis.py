@@ -14,7 +14,8 @@ import pytest
 import tomli_w
 
 from gateway_processes import HALTWIRE, Gateway, Processes, wait_ready
-from harness import TOKENS, config_dict, connect, running_upstream
+from haltwire.store.counters.redis import RedisCounters
+from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
 from redis_process import free_port, shared_prefix
 from test_gateway_leases import LEASES
 from test_gateway_stops import control_plane, until
@@ -103,3 +104,27 @@ async def test_three_gateways_allow_exactly_the_tenant_rate_and_stop_the_runs_pa
             # stop then reaches the other gateways).
             async with connect(gateways[0].url, TOKENS["ops-bot"]) as client:
                 assert await outcome(client, served) == "tripwire_tripped"
+
+
+async def test_a_call_takes_one_round_trip_for_its_ceilings_and_admission_tripwires() -> None:
+    rules = [
+        {"name": "steps", "kind": "steps", "limit": 3},
+        {"name": "rate", "kind": "rate", "limit": 100, "window_s": 60, "per": "tenant"},
+        {"name": "same", "kind": "repeated_calls", "in_a_row": 10},
+    ]
+    with shared_prefix("hwtest-tripwires") as (redis_url, prefix):
+        store = RedisCounters(redis_url, prefix=prefix, timeout_s=5.0)
+        async with running_upstream() as (_, up):
+            data = config_dict(up, leases=LEASES, limits={"budget": 100}, tripwires=rules)
+            async with (
+                running_gateway(data, store=store) as (app, url),
+                connect(url, TOKENS["ops-bot"]) as client,
+            ):
+                for _ in range(3):
+                    assert await outcome(client, "run-1") is None
+                assert store.round_trips == 3
+                assert await outcome(client, "run-1") == "tripwire_tripped"
+                assert store.round_trips == 4
+                assert await outcome(client, "run-1") == "tripwire_tripped"  # latched: no round trip
+                assert store.round_trips == 4
+                assert app.gateway.tripwires is not None

@@ -22,9 +22,10 @@ irreversible; either way its outcome goes to the control plane for the run repor
 
 Per-call tripwires (``haltwire.tripwires.engine``, with ``[[tripwires]]``) take three places:
 after the stop check, a scope this gateway tripped is refused ``tripwire_tripped`` until the
-stop it wrote arrives through the watch; after the ceilings (so a call they refuse is not
-counted), the budget rules (steps, money, rate) and repeated calls are counted in one round
-trip, and the call that would go past a limit is refused there, never served; once the result
+stop it wrote arrives through the watch; the budget rules (steps, money, rate) and repeated
+calls are counted in the ceilings' own atomic admission (one round trip for every counter, all
+or nothing: a call that either refuses counts nowhere), and the call that would go past a limit is
+refused there, never served; once the result
 or refusal is known (any after the stop check: a ceiling's refusal is a policy hit), policy
 hits, repeated results and content signals judge it (a JSON-RPC error from the upstream, or an
 unknown tool, as an error result), and a content signal replaces the result. A tripwire's own
@@ -179,14 +180,19 @@ class Gateway:
         desk = None
         if route is None and (desk := self._status_tool(name)) is None:
             raise UnknownTool(name)
-        ticket = await self.ceilings.admit(identity, name, run)
+        tripwires = self.tripwires
+        plan = None if tripwires is None else tripwires.plan(identity, name, run, arguments)
+        if isinstance(plan, Refusal):
+            return plan
+        # The tripwires' counts are taken with the ceilings', all or nothing, in one round trip.
+        ticket = await self.ceilings.admit(identity, name, run, () if plan is None else plan.ops)
         if isinstance(ticket, Refusal):
             return ticket
         try:
-            if self.tripwires is not None and (
-                tripped := await self.tripwires.admit(identity, name, run, arguments)
-            ):
-                return tripped
+            if plan is not None:
+                assert tripwires is not None
+                if (tripped := tripwires.judge(plan, ticket.tallied)) is not None:
+                    return tripped
             if route is None:
                 assert desk is not None
                 return await desk.status(identity, arguments, ticket.deadline_s)

@@ -6,9 +6,10 @@ Three points in the pipeline (``haltwire.gateway.proxy``):
    ``tripwire_tripped`` until the control plane's stop for it has arrived through the watch
    (from then on the stop itself refuses it, and an operator's clear restores it). Without
    ``[control]`` the latch holds for the life of the process.
-2. ``admit``, after the ceilings: the admission kinds (steps, money, rate, repeated calls) in
-   one ``tally`` of the counter store (one round trip); a rule in enforce mode refuses the call
-   that would go past its limit, and nothing of that call is counted anywhere.
+2. ``plan`` and ``judge``, around the ceilings' admission: the admission kinds (steps, money,
+   rate, repeated calls) are counts the ceilings take in the same atomic admission as their own
+   (one round trip for every counter of the call); a rule in enforce mode refuses the call that
+   would go past its limit, and nothing of that call is counted anywhere, in the ceilings either.
 3. ``settle``, once the call's result or refusal is known: the result kinds (policy hits,
    repeated results, content) in one more ``tally`` (only when such rules exist). The call has
    been served: a trip here stops the scope's next calls; a content signal in enforce mode
@@ -30,7 +31,7 @@ import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import quote
 
@@ -38,7 +39,7 @@ from haltwire import refusal
 from haltwire.config import Label
 from haltwire.identity import Identity
 from haltwire.refusal import Refusal, iso_utc
-from haltwire.store.counters import CounterStore, CountersUnavailable, Repeat, Streak, Tally, TallyOp
+from haltwire.store.counters import CounterStore, CountersUnavailable, Repeat, Streak, Tallies, Tally, TallyOp
 from haltwire.tripwires.content import Detector, detector, result_text
 from haltwire.tripwires.rules import (
     ADMISSION_KINDS,
@@ -66,6 +67,24 @@ EVIDENCE_KEYS: Final = 10_000
 MAX_LATCHED: Final = 100_000
 #: Trips and would-be firings kept for inspection (tests, the log's neighbours).
 KEPT: Final = 1000
+
+
+@dataclass(slots=True)
+class Plan:
+    """One call's counts in the admission rules, and which rule each is for."""
+
+    identity: Identity
+    tool: str
+    run: str | None
+    arguments: dict[str, Any] | None
+    now: float
+    ops: list[TallyOp] = field(default_factory=list)
+    #: Per op: its rule, the tag of a rate's window (part of its trip's key), the amount counted.
+    owners: list[tuple[TripwireRule, str, int]] = field(default_factory=list)
+
+    def add(self, op: TallyOp, rule: TripwireRule, tag: str, amount: int) -> None:
+        self.ops.append(op)
+        self.owners.append((rule, tag, amount))
 
 
 @dataclass(slots=True)
@@ -141,13 +160,27 @@ class Tripwires:
     async def admit(
         self, identity: Identity, tool: str, run: str | None, arguments: dict[str, Any] | None
     ) -> Refusal | None:
-        """Count the call in the admission rules; the refusal of a tripped enforce rule, or None."""
+        """``plan``, the counts taken on their own (``CounterStore.tally``), then ``judge``. The
+        gateway takes the plan's counts with its ceilings instead (one round trip)."""
+        plan = self.plan(identity, tool, run, arguments)
+        if plan is None or isinstance(plan, Refusal):
+            return plan
+        try:
+            tallies = await self._store.tally(plan.ops, plan.now)
+        except CountersUnavailable:
+            return refusal.counters_unavailable()
+        return self.judge(plan, tallies)
+
+    def plan(
+        self, identity: Identity, tool: str, run: str | None, arguments: dict[str, Any] | None
+    ) -> Plan | Refusal | None:
+        """The counts this call takes in the admission rules (None: none), or the refusal of a rule
+        that trips without counting (a money rule's amount it cannot read)."""
         if not self._admission:
             return None
         now = self._clock()
         label = self._labels(tool) if self._labels is not None else None
-        ops: list[TallyOp] = []
-        owners: list[tuple[TripwireRule, str, int]] = []  # rule, the key's window tag, amount
+        plan = Plan(identity, tool, run, arguments, now)
         args_digest: str | None = None
         for r in self._admission:
             if not r.counts(tool, label) or (r.per_run and run is None):
@@ -155,8 +188,7 @@ class Tripwires:
             limit = r.limit if r.mode == "enforce" else None
             if r.kind == "repeated_calls":
                 args_digest = args_digest or digest([tool, arguments or {}])
-                ops.append(Repeat(_key(r, identity, run), args_digest, RUN_TTL_S))
-                owners.append((r, "", 0))
+                plan.add(Repeat(_key(r, identity, run), args_digest, RUN_TTL_S), r, "", 0)
                 continue
             amount = 1
             if r.kind == "money":
@@ -172,30 +204,34 @@ class Tripwires:
                 assert r.window_s is not None
                 window = int(now // r.window_s)
                 ends = (window + 1) * r.window_s
-                ops.append(Tally(_key(r, identity, run, window), amount, limit, ends - now + 60))
-                owners.append((r, str(window), amount))
+                plan.add(
+                    Tally(_key(r, identity, run, window), amount, limit, ends - now + 60),
+                    r,
+                    str(window),
+                    amount,
+                )
             else:
-                ops.append(Tally(_key(r, identity, run), amount, limit, RUN_TTL_S))
-                owners.append((r, "", amount))
-        if not ops:
+                plan.add(Tally(_key(r, identity, run), amount, limit, RUN_TTL_S), r, "", amount)
+        return plan if plan.ops else None
+
+    def judge(self, plan: Plan, tallies: Tallies | None) -> Refusal | None:
+        """What the plan's counts mean: the refusal of a tripped enforce rule, or None. With
+        ``tallies.refused``, a limit refused the call and nothing was counted."""
+        if tallies is None:
             return None
-        try:
-            tallies = await self._store.tally(ops, now)
-        except CountersUnavailable:
-            return refusal.counters_unavailable()
-        note = _note(now, tool, arguments)
+        identity, tool, run, now = plan.identity, plan.tool, plan.run, plan.now
+        note = _note(now, tool, plan.arguments)
+        ops = plan.ops
         if tallies.refused is not None:
-            r, tag, amount = owners[tallies.refused]
+            r, tag, amount = plan.owners[tallies.refused]
             was = tallies.values[tallies.refused]
             detail, over = _over(r, was, amount, tool, run)
             evidence = self._evidence_of(ops[tallies.refused].key, None)
-            refused = self._fire(
-                r, identity, run, now, detail, over, [*evidence, note + " (refused)"], tag
-            )
+            refused = self._fire(r, identity, run, now, detail, over, [*evidence, note + " (refused)"], tag)
             assert refused is not None  # only enforce rules have limits in the store
             return refused
         first: Refusal | None = None
-        for op, (r, tag, amount), value in zip(ops, owners, tallies.values, strict=True):
+        for op, (r, tag, amount), value in zip(ops, plan.owners, tallies.values, strict=True):
             evidence = self._evidence_of(op.key, note)
             if r.kind == "repeated_calls":
                 assert r.in_a_row is not None

@@ -39,9 +39,11 @@ class SlotCounter:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """``refused``: None when admitted, else which counter refused, ``("budget", i)`` or ``("slots", i)``."""
+    """``refused``: None when admitted, else which counter refused, ``("budget", i)``, ``("slots", i)``
+    or ``("tally", i)``. ``tallied``: each tally op's count, after it when admitted, as it was when not."""
 
     refused: tuple[str, int] | None = None
+    tallied: tuple[int, ...] = ()
 
     @property
     def admitted(self) -> bool:
@@ -94,14 +96,19 @@ class Tallies:
 
 class CounterStore(Protocol):
     async def admit(
-        self, budgets: Sequence[BudgetCounter], slots: Sequence[SlotCounter], slot_id: str, now: float
+        self,
+        budgets: Sequence[BudgetCounter],
+        slots: Sequence[SlotCounter],
+        slot_id: str,
+        now: float,
+        tallies: Sequence[TallyOp] = (),
     ) -> Decision:
-        """Check every counter; if all have room, count the call in each budget and take a slot in each."""
+        """Check every counter (and every limited ``Tally``); if all have room, count the call in
+        each budget, take a slot in each, and apply every tally op. One round trip."""
         ...
 
     async def tally(self, ops: Sequence[TallyOp], now: float) -> Tallies:
-        """Every op of one call's tripwires, atomically and in one round trip: first every
-        limited ``Tally`` is checked, then, if none refuses, every op is applied."""
+        """``admit`` with tally ops only (the tripwires' judgement of an outcome)."""
         ...
 
     async def release(self, slots: Sequence[SlotCounter], slot_id: str) -> None:

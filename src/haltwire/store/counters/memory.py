@@ -48,14 +48,24 @@ class MemoryCounters:
         self._tallied = 0
 
     async def admit(
-        self, budgets: Sequence[BudgetCounter], slots: Sequence[SlotCounter], slot_id: str, now: float
+        self,
+        budgets: Sequence[BudgetCounter],
+        slots: Sequence[SlotCounter],
+        slot_id: str,
+        now: float,
+        tallies: Sequence[TallyOp] = (),
     ) -> Decision:
+        current = self._tallied_now(tallies, now)
+        was = tuple(c for c, _ in current)
         for i, b in enumerate(budgets):
             if self._budgets.get(b.key, {}).get(b.window, 0) >= b.limit:
-                return Decision(("budget", i))
+                return Decision(("budget", i), was)
         for i, s in enumerate(slots):
             if len(self._slots.get(s.key, ())) >= s.limit:
-                return Decision(("slots", i))
+                return Decision(("slots", i), was)
+        for i, op in enumerate(tallies):
+            if isinstance(op, Tally) and op.limit is not None and current[i][0] + op.amount > op.limit:
+                return Decision(("tally", i), was)
         for b in budgets:
             counts = self._budgets.setdefault(b.key, {})
             counts[b.window] = counts.get(b.window, 0) + 1
@@ -68,24 +78,24 @@ class MemoryCounters:
             self._sweep(now)
         for s in slots:
             self._slots.setdefault(s.key, set()).add(slot_id)
-        return ADMITTED
-
-    def _sweep(self, now: float) -> None:
-        # A window over for a minute cannot be counted in again: a late call is late by
-        # microseconds (the window is stamped just before admit), not by a minute.
-        for key in [k for k, ends in self._ends.items() if ends < now - _GRACE_S]:
-            del self._ends[key]
-            self._budgets.pop(key, None)
+        if not tallies:
+            return ADMITTED
+        return Decision(None, self._apply(tallies, current, now))
 
     async def tally(self, ops: Sequence[TallyOp], now: float) -> Tallies:
-        held = self._tallies
+        decision = await self.admit((), (), "", now, ops)
+        refused = None if decision.refused is None else decision.refused[1]
+        return Tallies(decision.tallied, refused)
+
+    def _tallied_now(self, ops: Sequence[TallyOp], now: float) -> list[tuple[int, str]]:
         current: list[tuple[int, str]] = []
         for op in ops:
-            entry = held.get(op.key)
+            entry = self._tallies.get(op.key)
             current.append((0, "") if entry is None or entry[2] <= now else (entry[0], entry[1]))
-        for i, op in enumerate(ops):
-            if isinstance(op, Tally) and op.limit is not None and current[i][0] + op.amount > op.limit:
-                return Tallies(tuple(c for c, _ in current), refused=i)
+        return current
+
+    def _apply(self, ops: Sequence[TallyOp], current: list[tuple[int, str]], now: float) -> tuple[int, ...]:
+        held = self._tallies
         values: list[int] = []
         for op, (count, seen) in zip(ops, current, strict=True):
             if isinstance(op, Tally):
@@ -101,7 +111,14 @@ class MemoryCounters:
         if self._tallied % _SWEEP_EVERY == 0:
             for key in [k for k, (_, _, ends) in held.items() if ends <= now]:
                 del held[key]
-        return Tallies(tuple(values))
+        return tuple(values)
+
+    def _sweep(self, now: float) -> None:
+        # A window over for a minute cannot be counted in again: a late call is late by
+        # microseconds (the window is stamped just before admit), not by a minute.
+        for key in [k for k, ends in self._ends.items() if ends < now - _GRACE_S]:
+            del self._ends[key]
+            self._budgets.pop(key, None)
 
     def __len__(self) -> int:
         """How many budget keys are held."""
