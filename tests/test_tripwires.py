@@ -19,7 +19,7 @@ from haltwire.refusal import Refusal
 from haltwire.store.counters import CounterStore, Repeat, Streak, Tally
 from haltwire.store.counters.memory import MemoryCounters
 from haltwire.store.counters.redis import RedisCounters
-from haltwire.tripwires.content import PhraseDetector, result_text
+from haltwire.tripwires.content import PhraseDetector, text_of
 from haltwire.tripwires.engine import Tripwires
 from haltwire.tripwires.rules import TripwireRule, digest, read_amount
 from redis_process import shared_prefix
@@ -266,9 +266,11 @@ async def test_content_replaces_the_result_that_tripped_it() -> None:
     }
     replaced = await tw.settle(OPS, "read_review", "r1", injected)
     assert code(replaced) == "tripwire_tripped"
-    assert isinstance(replaced, Refusal) and "refund" not in replaced.message.lower().split("(")[0]
+    assert isinstance(replaced, Refusal) and "ignore" not in replaced.message.lower()
+    assert "instruction_override in the result of read_review, withheld" in replaced.message
+    assert "Ignore all previous instructions" in tw.trips[-1].reason  # the stop's reason has the evidence
     assert code(tw.latched(OPS, "lookup", "r1")) == "tripwire_tripped"
-    assert PhraseDetector().scan(result_text(clean)) is None
+    assert PhraseDetector().scan(text_of(clean)) == []
 
 
 # -- shadow ---------------------------------------------------------------------------------

@@ -1,31 +1,49 @@
 """Content signals: the hook the ``content`` rule calls on a tool result's text.
 
-The rule kind and its hook live here; the detectors themselves (what counts as an injected
-instruction) are written against ``Detector`` in ``haltwire.tripwires.detectors`` when that
-module exists. Until it does, ``detector = "builtin"`` is a small fallback below, so the hook
-can be exercised end to end.
+The detectors themselves (what counts as an injected instruction) live in
+``haltwire.tripwires.detectors`` (``load_detector``, ``result_text``, the ``Detector`` and
+``Signal`` shapes), written apart from the rules. This module is the rule's side of that
+interface: ``load`` and ``text_of`` use that module when it is installed, and otherwise a small
+fallback of the same shape (``PhraseDetector``, ``detector = "builtin"``), so the hook works and
+is tested on its own. The engine needs of a detector only ``scan(text)`` returning signals that
+have a ``detector``, a ``kind`` and an ``evidence`` excerpt.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 
-@dataclass(frozen=True, slots=True)
-class Signal:
-    """What a detector found: its name, a short description, and the text that matched."""
+class SignalLike(Protocol):
+    @property
+    def detector(self) -> str: ...
 
-    detector: str
-    what: str
-    evidence: str
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def evidence(self) -> str: ...
 
 
 class Detector(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
-    def scan(self, text: str) -> Signal | None: ...
+    def scan(self, text: str) -> Sequence[SignalLike]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    """What the fallback detector found (the shape of ``detectors.Signal``)."""
+
+    detector: str
+    kind: str
+    evidence: str
+    score: float = 1.0
 
 
 #: Phrases of an instruction aimed at the model rather than at a reader (the fallback's list).
@@ -44,31 +62,38 @@ class PhraseDetector:
 
     name = "builtin"
 
-    def scan(self, text: str) -> Signal | None:
+    def scan(self, text: str) -> list[Signal]:
         found = _INJECTED.search(text)
         if found is None:
-            return None
-        return Signal(self.name, "an instruction addressed to the model", found.group(0)[:200])
+            return []
+        return [Signal(self.name, "instruction_override", found.group(0)[:160])]
 
 
-def detector(name: str) -> Detector:
-    """The detector a rule names (``ValueError`` for an unknown one)."""
+def _detectors() -> Any:
+    """``haltwire.tripwires.detectors`` when installed, else None."""
     try:
-        from haltwire.tripwires import detectors  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
-        detectors = None
-    if detectors is not None:
-        found = getattr(detectors, "detector", None)
-        if callable(found):
-            d: Detector = found(name)
-            return d
-    if name == "builtin":
+        return importlib.import_module("haltwire.tripwires.detectors")
+    except ModuleNotFoundError:
+        return None
+
+
+def load(spec: str) -> Detector:
+    """The detector a rule names (at start-up; a bad name is an error there)."""
+    module = _detectors()
+    if module is not None:
+        found: Detector = module.load_detector(spec)
+        return found
+    if spec == "builtin":
         return PhraseDetector()
-    raise ValueError(f"no detector is named {name!r}")
+    raise ValueError(f"no detector is named {spec!r}")
 
 
-def result_text(result: dict[str, Any]) -> str:
+def text_of(result: Mapping[str, Any]) -> str:
     """The text a tool result shows the model: its text content and its structured content."""
+    module = _detectors()
+    if module is not None:
+        text: str = module.result_text(result)
+        return text
     parts = [c.get("text", "") for c in result.get("content") or () if isinstance(c, dict)]
     structured = result.get("structuredContent")
     if structured is not None:

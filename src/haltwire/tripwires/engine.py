@@ -40,7 +40,7 @@ from haltwire.config import Label
 from haltwire.identity import Identity
 from haltwire.refusal import Refusal, iso_utc
 from haltwire.store.counters import CounterStore, CountersUnavailable, Repeat, Streak, Tallies, Tally, TallyOp
-from haltwire.tripwires.content import Detector, detector, result_text
+from haltwire.tripwires.content import Detector, load, text_of
 from haltwire.tripwires.rules import (
     ADMISSION_KINDS,
     RESULT_KINDS,
@@ -109,7 +109,7 @@ class Tripwires:
         self._admission = [r for r in active if r.kind in ADMISSION_KINDS]
         self._results = [r for r in active if r.kind in RESULT_KINDS]
         self._detectors: dict[str, Detector] = {
-            r.name: detector(r.detector) for r in active if r.kind == "content"
+            r.name: load(r.detector) for r in active if r.kind == "content"
         }
         self._store = store
         self._writer = writer
@@ -271,13 +271,16 @@ class Tripwires:
             if r.kind == "content":
                 if wire is None:
                     continue
-                signal = self._detectors[r.name].scan(result_text(wire))
-                if signal is not None:
-                    detail = (
-                        f"{signal.detector} found {signal.what} in the result of {tool}: {signal.evidence!r}"
-                    )
-                    figures = {"detector": signal.detector, "tool": tool}
-                    fired = self._fire(r, identity, run, now, detail, figures, [_note(now, tool, None)])
+                signals = self._detectors[r.name].scan(text_of(wire))
+                if signals:
+                    found = "; ".join(f"{x.detector} {x.kind}: {x.evidence!r}" for x in signals[:3])
+                    detail = f"content signals in the result of {tool}: {found}"
+                    kinds = sorted({x.kind for x in signals})
+                    figures = {"signals": len(signals), "tool": tool, "kinds": kinds}
+                    # The refusal names the kinds, never the text: the model must not read it.
+                    told = f"{', '.join(kinds)} in the result of {tool}, withheld"
+                    calls = [_note(now, tool, None)]
+                    fired = self._fire(r, identity, run, now, detail, figures, calls, told=told)
                     replaced = replaced or fired
                 continue
             if run is None:
@@ -285,7 +288,7 @@ class Tripwires:
             if r.kind == "policy_hits":
                 ops.append(Streak(_key(r, identity, run), is_hit(wire, code), RUN_TTL_S))
             elif wire is not None:  # repeated_results: a refusal is no result
-                shown = normalized_text(result_text(wire))
+                shown = normalized_text(text_of(wire))
                 ops.append(
                     Repeat(
                         _key(r, identity, run), digest([tool, bool(wire.get("isError")), shown]), RUN_TTL_S
@@ -326,8 +329,10 @@ class Tripwires:
         figures: dict[str, Any],
         evidence: list[str],
         window: str = "",
+        told: str | None = None,
     ) -> Refusal | None:
-        """Record a firing; in enforce mode latch its scope, queue its stop and return the refusal."""
+        """Record a firing; in enforce mode latch its scope, queue its stop and return the refusal
+        (which says ``told``, when given, instead of ``detail``: the model reads it)."""
         scope = _scope(rule, identity, run)
         name = hashlib.sha256(f"{rule.name}\n{scope}\n{run}\n{window}".encode()).hexdigest()[:40]
         trip = Trip(
@@ -340,6 +345,7 @@ class Tripwires:
             now,
             {**figures, "at": iso_utc(now)},
             tuple(evidence[-EVIDENCE_CALLS:]),
+            told,
         )
         if rule.mode == "shadow":
             self.shadow_firings += 1
@@ -376,8 +382,8 @@ class Tripwires:
 
 def _refusal(trip: Trip, run: str | None) -> Refusal:
     if trip.scope.startswith("run:") and run is not None and trip.scope == f"run:{run}":
-        return refusal.tripwire_tripped(trip.rule, run, detail=trip.detail)
-    return refusal.tripwire_tripped(trip.rule, run or "", scope=trip.scope, detail=trip.detail)
+        return refusal.tripwire_tripped(trip.rule, run, detail=trip.told or trip.detail)
+    return refusal.tripwire_tripped(trip.rule, run or "", scope=trip.scope, detail=trip.told or trip.detail)
 
 
 def _scopes(identity: Identity, run: str | None) -> list[str]:

@@ -58,6 +58,8 @@ class Trip:
     at: float
     figures: dict[str, Any] = field(default_factory=dict)
     evidence: tuple[str, ...] = ()
+    #: What the refusal tells the agent, when not ``detail`` (a content signal's text is withheld).
+    told: str | None = None
 
     @property
     def reason(self) -> str:
