@@ -248,3 +248,43 @@ async def test_an_unreachable_control_plane_leaves_the_refusal_in_place_until_th
             await until(through_the_watch, within=15.0)
             (stop,) = await stops_of(cp)
             assert stop["scope"] == "run:run-1" and stop["issued_by"] == "tripwire-1"
+
+
+async def test_a_rule_that_stops_an_agent_stops_that_agent_only(tmp_path: Path) -> None:
+    rules = [{"name": "ops-steps", "kind": "steps", "limit": 2, "scope": "agent"}]
+    async with (
+        control_plane(tmp_path / "control.db") as cp,
+        running_upstream() as (_, up),
+        running_gateway(config(up, cp, rules)) as (_, url),
+        connect(url, TOKENS["ops-bot"]) as ops,
+        connect(url, TOKENS["billing-bot"]) as billing,
+    ):
+
+        async def billing_outcome() -> str | None:
+            lease: Any = {LEASE_META: mint("run-b", "billing-bot")}
+            result = await billing.call_tool("lookup_order", {}, meta=lease)
+            return None if not result.is_error else str((result.structured_content or {})["error"]["code"])
+
+        assert [await outcome(ops, "run-1") for _ in range(2)] == [None, None]
+        refused = await ops.call_tool("lookup_order", {}, meta={LEASE_META: mint("run-1")})  # type: ignore[arg-type]
+        error = (refused.structured_content or {})["error"]
+        assert (error["code"], error["scope"], error["tripwire"]) == (
+            "tripwire_tripped",
+            "agent:ops-bot",
+            "ops-steps",
+        )
+        # Another run of the same agent is refused at once (the latch, or the stop once it is back).
+        assert await outcome(ops, "run-2") in ("tripwire_tripped", "stopped")
+        # Another agent of the same tenant is not touched (it counts steps of its own).
+        assert await billing_outcome() is None
+
+        async def written() -> bool:
+            return any(s["scope"] == "agent:ops-bot" for s in await stops_of(cp))
+
+        await until(written)
+
+        async def through_the_watch() -> bool:
+            return await outcome(ops, "run-3") == "stopped"
+
+        await until(through_the_watch)
+        assert await billing_outcome() is None

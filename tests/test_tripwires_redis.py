@@ -14,9 +14,10 @@ import pytest
 import tomli_w
 
 from gateway_processes import HALTWIRE, Gateway, Processes, wait_ready
+from haltwire.identity import Identity
 from haltwire.store.counters.redis import RedisCounters
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
-from redis_process import free_port, shared_prefix
+from redis_process import free_port, private_redis, shared_prefix
 from test_gateway_leases import LEASES
 from test_gateway_stops import control_plane, until
 from test_tripwires_gateway import outcome, stops_of
@@ -128,3 +129,29 @@ async def test_a_call_takes_one_round_trip_for_its_ceilings_and_admission_tripwi
                 assert await outcome(client, "run-1") == "tripwire_tripped"  # latched: no round trip
                 assert store.round_trips == 4
                 assert app.gateway.tripwires is not None
+
+
+async def test_redis_down_fails_closed_at_admission_and_leaves_a_served_result(tmp_path: Path) -> None:
+    rules = [
+        {"name": "steps", "kind": "steps", "limit": 100},
+        {"name": "hits", "kind": "policy_hits", "in_a_row": 3},
+    ]
+    with private_redis(tmp_path) as server:
+        store = RedisCounters(server.url, prefix="hwtest", timeout_s=0.5)
+        async with running_upstream() as (_, up):
+            data = config_dict(up, leases=LEASES, tripwires=rules)
+            async with (
+                running_gateway(data, store=store) as (app, url),
+                connect(url, TOKENS["ops-bot"]) as client,
+            ):
+                assert await outcome(client, "run-1") is None
+                server.stop()
+                assert await outcome(client, "run-1") == "counters_unavailable"
+                tripwires = app.gateway.tripwires
+                assert tripwires is not None
+                # After a served call, an unreachable store is logged: the result stands.
+                served = await tripwires.settle(
+                    Identity("ops-bot", "acme", "1.0"), "lookup_order", "run-1", {"content": []}
+                )
+                assert served == {"content": []}
+                assert not tripwires.trips
