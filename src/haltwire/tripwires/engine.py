@@ -358,8 +358,12 @@ class Tripwires:
         if scope is None:  # a run rule's call without a run: refused, nothing to stop
             return _refusal(trip, run)
         log.warning("tripwire %s stopped %s: %s", rule.name, scope, detail)
-        self._latched[scope] = _Latch(trip)
+        latch = self._latched[scope] = _Latch(trip)
         self._latched.move_to_end(scope)
+        if self._writer is not None and (landed := self._writer.landed.get(trip.key)) is not None:
+            # Tripped again after its stop was written (a count still past its limit once the stop
+            # was cleared, say): the stop is not written twice, and the latch lasts as before.
+            latch.landed_at = landed.revision
         while len(self._latched) > MAX_LATCHED:
             self._latched.popitem(last=False)
         if self._writer is not None:

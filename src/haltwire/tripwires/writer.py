@@ -24,6 +24,7 @@ refusal ends with the process.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -42,6 +43,8 @@ RETRY_MIN_S: Final = 0.2
 RETRY_MAX_S: Final = 10.0
 #: Trips waiting to be written; past it a trip is logged, not queued (its local refusal holds).
 MAX_WAITING: Final = 10_000
+#: Written trips remembered (so a trip of the same key is not written twice); the oldest go first.
+MAX_LANDED: Final = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +86,8 @@ class StopWriter:
         self._http = ReplicaHttp(urls, token, REQUEST_TIMEOUT_S)
         self._waiting: dict[str, Trip] = {}
         self._wake = anyio.Event()
-        #: Trips written (or found written), by key.
-        self.landed: dict[str, Landed] = {}
+        #: Trips written (or found written), by key, the newest ``MAX_LANDED``.
+        self.landed: OrderedDict[str, Landed] = OrderedDict()
         #: Called with each trip once it has landed (the engine releases its local refusal).
         self.on_landed: Callable[[Trip, Landed], None] | None = None
         #: Failed attempts, for tests and logs.
@@ -137,6 +140,8 @@ class StopWriter:
             del self._waiting[key]
             if landed is not None:
                 self.landed[key] = landed
+                while len(self.landed) > MAX_LANDED:
+                    self.landed.popitem(last=False)
                 if self.on_landed is not None:
                     self.on_landed(trip, landed)
         return True
