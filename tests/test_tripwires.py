@@ -321,3 +321,86 @@ async def test_tallies_go_with_the_admission_all_or_nothing(kind: tuple[str, str
         over = await store.admit([budget], [], "", NOW, [Tally("other", 1, None, 60)])
         assert over.refused == ("budget", 0) and over.tallied == (1,)
         assert (await store.tally([Tally("other", 0, None, 60)], NOW)).values == (1,)
+
+
+# -- the gateway's config, and the writer ---------------------------------------------------
+
+
+def gateway_data(**sections: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "gateway": {"development": True},
+        "upstreams": [{"name": "u", "url": "http://x/mcp"}],
+    }
+    return {**data, **sections}
+
+
+@pytest.mark.parametrize(
+    ("sections", "message"),
+    [
+        ({"tripwires": [{"name": "a", "kind": "content"}, {"name": "a", "kind": "content"}]}, "unique"),
+        (
+            {"tripwires": [{"name": "a", "kind": "content"}], "control": {"url": "http://cp", "token": "t"}},
+            "add \\[tripwire_stops\\]",
+        ),
+        ({"tripwire_stops": {"token": "t"}}, "give url"),
+        (
+            {"gateway": {"development": False}, "tripwire_stops": {"url": "http://cp", "token": "t"}},
+            "plain 'token'",
+        ),
+    ],
+)
+def test_the_gateway_config_checks_its_tripwires(sections: dict[str, Any], message: str) -> None:
+    from haltwire.config import ConfigError
+    from haltwire.gateway.config import parse_config
+
+    with pytest.raises(ConfigError, match=message):
+        parse_config(gateway_data(**sections))
+
+
+def test_shadow_rules_need_no_stop_token_and_off_rules_build_nothing() -> None:
+    from haltwire.gateway import create_app
+    from haltwire.gateway.config import parse_config
+
+    control = {"url": "http://cp", "token": "t"}
+    shadow = parse_config(
+        gateway_data(control=control, tripwires=[{"name": "a", "kind": "content", "mode": "shadow"}])
+    )
+    assert create_app(shadow).gateway.tripwires is not None
+    off = parse_config(gateway_data(tripwires=[{"name": "a", "kind": "steps", "limit": 1, "mode": "off"}]))
+    assert create_app(off).gateway.tripwires is None
+
+
+@pytest.mark.parametrize(("status", "attempts", "landed"), [(409, 1, True), (403, 1, False), (422, 1, False)])
+async def test_the_writer_takes_a_4xx_as_an_answer(status: int, attempts: int, landed: bool) -> None:
+    import anyio
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    from haltwire.serve import serving
+    from haltwire.tripwires.writer import StopWriter, Trip
+
+    seen: list[str | None] = []
+
+    async def stops(request: Request) -> Response:
+        seen.append(request.headers.get("idempotency-key"))
+        return JSONResponse({"error": {"code": "x", "message": "no"}}, status_code=status)
+
+    app = Starlette(routes=[Route("/v1/stops", stops, methods=["POST"])])
+    async with serving(app) as url:
+        writer = StopWriter(url, "tok")
+        trip = Trip("r", "steps", "enforce", "run:r1", "tripwire-k", "over", NOW)
+        try:
+            async with anyio.create_task_group() as tg:
+                await tg.start(writer.run)
+                writer.write(trip)
+                writer.write(trip)  # queued once
+                with anyio.fail_after(5):
+                    while writer.waiting:
+                        await anyio.sleep(0.01)
+                tg.cancel_scope.cancel()
+        finally:
+            await writer.aclose()
+    assert seen == ["tripwire-k"] * attempts
+    assert ("tripwire-k" in writer.landed) is landed
