@@ -288,3 +288,16 @@ async def test_a_rule_that_stops_an_agent_stops_that_agent_only(tmp_path: Path) 
 
         await until(through_the_watch)
         assert await billing_outcome() is None
+
+
+@pytest.mark.parametrize("token", ["tok-gateway", "tok-operator", "tok-unknown"])
+async def test_a_stop_token_of_another_role_is_a_start_up_error(tmp_path: Path, token: str) -> None:
+    from haltwire.watch import WrongRole
+
+    rules = [{"name": "steps", "kind": "steps", "limit": 1}]
+    async with control_plane(tmp_path / "control.db") as cp, running_upstream() as (_, up):
+        data = config(up, cp, rules)
+        data["tripwire_stops"]["token"] = token
+        with pytest.raises(WrongRole, match="tripwire"):
+            async with running_gateway(data):
+                pass

@@ -156,6 +156,7 @@ def create_app(
         if writer is not None:
             # Owned by the same group: cancelled at shutdown, logging any stop not yet written.
             stack.push_async_callback(writer.aclose)
+            await writer.check()  # a token the control plane knows by another role: a start-up error
             await retries.start(writer.run)
         if intents is not None:
             stack.push_async_callback(intents.aclose)

@@ -35,6 +35,7 @@ import anyio.abc
 from haltwire.errors import describe
 from haltwire.limits import fitted
 from haltwire.replicas import ReplicaHttp, Unreachable
+from haltwire.watch import WHOAMI_PATH, Point, WrongRole, token_refused
 
 log = logging.getLogger("haltwire.tripwires")
 
@@ -43,6 +44,8 @@ RETRY_MIN_S: Final = 0.2
 RETRY_MAX_S: Final = 10.0
 #: Trips waiting to be written; past it a trip is logged, not queued (its local refusal holds).
 MAX_WAITING: Final = 10_000
+#: What the start-up check calls the writer, and the role its token needs.
+TRIPWIRES: Final = Point("a gateway's tripwires", "tripwire")
 #: Written trips remembered (so a trip of the same key is not written twice); the oldest go first.
 MAX_LANDED: Final = 100_000
 
@@ -109,6 +112,37 @@ class StopWriter:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+    async def check(self) -> None:
+        """Start-up: ``WrongRole`` when the control plane refuses the token or knows it by another
+        role than ``tripwire`` (a URL on the enforcement listener, say). A control plane that does
+        not answer is logged: the stops are written once it does."""
+        try:
+            with anyio.fail_after(REQUEST_TIMEOUT_S):
+                r = await self._http.request("GET", WHOAMI_PATH)
+        except (TimeoutError, Unreachable) as exc:
+            log.warning(
+                "cannot check the tripwire token (%s); its stops are retried until it answers", describe(exc)
+            )
+            return
+        url = self._http.replicas.current
+        if r.status_code in (401, 403):
+            try:
+                error = r.json().get("error")
+            except (ValueError, AttributeError):
+                error = None
+            raise token_refused(url, r.status_code, error, TRIPWIRES)
+        try:
+            role = r.json().get("role") if r.status_code == 200 else None
+        except (ValueError, AttributeError):
+            role = None
+        if r.status_code == 200 and role != "tripwire":
+            raise WrongRole(
+                f"the control plane at {url} knows the [tripwire_stops] token by role {role}: "
+                f"{TRIPWIRES.name} need a token of role tripwire"
+            )
+        if r.status_code != 200:
+            log.warning("cannot check the tripwire token (HTTP %d at %s)", r.status_code, url)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Write what is queued until cancelled (see the module's docstring)."""
