@@ -404,3 +404,17 @@ async def test_the_writer_takes_a_4xx_as_an_answer(status: int, attempts: int, l
             await writer.aclose()
     assert seen == ["tripwire-k"] * attempts
     assert ("tripwire-k" in writer.landed) is landed
+
+
+async def test_a_failing_detector_fails_closed() -> None:
+    class Broken:
+        name = "model"
+
+        def scan(self, text: str) -> list[Any]:
+            raise RuntimeError("the model is gone")
+
+    tw = Tripwires([rule(kind="content")], MemoryCounters())
+    tw._detectors["tw"] = Broken()
+    replaced = await tw.settle(OPS, "read", "r1", OK)
+    assert code(replaced) == "tripwire_tripped"
+    assert "detector_failed" in tw.trips[-1].detail and "the model is gone" in tw.trips[-1].detail

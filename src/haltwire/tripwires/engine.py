@@ -40,7 +40,7 @@ from haltwire.config import Label
 from haltwire.identity import Identity
 from haltwire.refusal import Refusal, iso_utc
 from haltwire.store.counters import CounterStore, CountersUnavailable, Repeat, Streak, Tallies, Tally, TallyOp
-from haltwire.tripwires.content import Detector, load, text_of
+from haltwire.tripwires.content import Detector, Signal, load, text_of
 from haltwire.tripwires.rules import (
     ADMISSION_KINDS,
     RESULT_KINDS,
@@ -271,7 +271,11 @@ class Tripwires:
             if r.kind == "content":
                 if wire is None:
                     continue
-                signals = self._detectors[r.name].scan(text_of(wire))
+                try:
+                    signals = self._detectors[r.name].scan(text_of(wire))
+                except Exception as exc:  # a model-based detector may fail: closed, like any tripwire
+                    log.exception("detector %s failed on the result of %s", r.detector, tool)
+                    signals = [Signal(r.detector, "detector_failed", f"{type(exc).__name__}: {exc}"[:160])]
                 if signals:
                     found = "; ".join(f"{x.detector} {x.kind}: {x.evidence!r}" for x in signals[:3])
                     detail = f"content signals in the result of {tool}: {found}"
