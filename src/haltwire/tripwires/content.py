@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from haltwire.config import ConfigError
+
 
 class SignalLike(Protocol):
     @property
@@ -85,7 +87,7 @@ def load(spec: str) -> Detector:
         return found
     if spec == "builtin":
         return PhraseDetector()
-    raise ValueError(f"no detector is named {spec!r}")
+    raise ConfigError(f"tripwires: detector: no detector is named {spec!r}")
 
 
 def text_of(result: Mapping[str, Any]) -> str:
