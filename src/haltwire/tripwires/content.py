@@ -11,6 +11,7 @@ have a ``detector``, a ``kind`` and an ``evidence`` excerpt.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 from collections.abc import Mapping, Sequence
@@ -71,8 +72,9 @@ class PhraseDetector:
         return [Signal(self.name, "instruction_override", found.group(0)[:160])]
 
 
+@functools.cache
 def _detectors() -> Any:
-    """``haltwire.tripwires.detectors`` when installed, else None."""
+    """``haltwire.tripwires.detectors`` when installed, else None (looked for once)."""
     try:
         return importlib.import_module("haltwire.tripwires.detectors")
     except ModuleNotFoundError:

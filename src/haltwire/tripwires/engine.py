@@ -26,6 +26,7 @@ No rule (or every rule off): the gateway builds no ``Tripwires`` and a call does
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import time
@@ -69,7 +70,7 @@ MAX_LATCHED: Final = 100_000
 KEPT: Final = 1000
 
 
-@dataclass(slots=True)
+@dataclass
 class Plan:
     """One call's counts in the admission rules, and which rule each is for."""
 
@@ -81,6 +82,11 @@ class Plan:
     ops: list[TallyOp] = field(default_factory=list)
     #: Per op: its rule, the tag of a rate's window (part of its trip's key), the amount counted.
     owners: list[tuple[TripwireRule, str, int]] = field(default_factory=list)
+
+    @functools.cached_property
+    def args_digest(self) -> str:
+        """The digest of the call (its tool and normalized arguments), computed once."""
+        return digest([self.tool, self.arguments or {}])
 
     def add(self, op: TallyOp, rule: TripwireRule, tag: str, amount: int) -> None:
         self.ops.append(op)
@@ -117,7 +123,7 @@ class Tripwires:
         self._clock = clock
         self._labels = labels
         self._latched: OrderedDict[str, _Latch] = OrderedDict()
-        self._evidence: OrderedDict[str, deque[str]] = OrderedDict()
+        self._evidence: OrderedDict[str, deque[Note]] = OrderedDict()
         #: Enforced trips and shadow firings, newest last.
         self.trips: deque[Trip] = deque(maxlen=KEPT)
         self.fired: deque[Trip] = deque(maxlen=KEPT)
@@ -181,14 +187,12 @@ class Tripwires:
         now = self._clock()
         label = self._labels(tool) if self._labels is not None else None
         plan = Plan(identity, tool, run, arguments, now)
-        args_digest: str | None = None
         for r in self._admission:
             if not r.counts(tool, label) or (r.per_run and run is None):
                 continue
             limit = r.limit if r.mode == "enforce" else None
             if r.kind == "repeated_calls":
-                args_digest = args_digest or digest([tool, arguments or {}])
-                plan.add(Repeat(_key(r, identity, run), args_digest, RUN_TTL_S), r, "", 0)
+                plan.add(Repeat(_key(r, identity, run), plan.args_digest, RUN_TTL_S), r, "", 0)
                 continue
             amount = 1
             if r.kind == "money":
@@ -196,7 +200,7 @@ class Tripwires:
                 try:
                     amount = read_amount(arguments, r.amount)
                 except UnreadableAmount as exc:
-                    trip = self._fire(r, identity, run, now, str(exc), {"limit": r.limit}, [])
+                    trip = self._fire(r, identity, run, now, str(exc), {"limit": r.limit}, [])  # nothing counted
                     if trip is not None:
                         return trip
                     continue
@@ -220,14 +224,14 @@ class Tripwires:
         if tallies is None:
             return None
         identity, tool, run, now = plan.identity, plan.tool, plan.run, plan.now
-        note = _note(now, tool, plan.arguments)
+        note: Note = (now, tool, plan.args_digest, "")
         ops = plan.ops
         if tallies.refused is not None:
             r, tag, amount = plan.owners[tallies.refused]
             was = tallies.values[tallies.refused]
             detail, over = _over(r, was, amount, tool, run)
             evidence = self._evidence_of(ops[tallies.refused].key, None)
-            refused = self._fire(r, identity, run, now, detail, over, [*evidence, note + " (refused)"], tag)
+            refused = self._fire(r, identity, run, now, detail, over, [*evidence, (now, tool, plan.args_digest, "refused")], tag)
             assert refused is not None  # only enforce rules have limits in the store
             return refused
         first: Refusal | None = None
@@ -283,7 +287,7 @@ class Tripwires:
                     figures = {"signals": len(signals), "tool": tool, "kinds": kinds}
                     # The refusal names the kinds, never the text: the model must not read it.
                     told = f"{', '.join(kinds)} in the result of {tool}, withheld"
-                    calls = [_note(now, tool, None)]
+                    calls: list[Note] = [(now, tool, None, "")]
                     fired = self._fire(r, identity, run, now, detail, figures, calls, told=told)
                     replaced = replaced or fired
                 continue
@@ -307,7 +311,7 @@ class Tripwires:
             except CountersUnavailable as exc:
                 log.warning("tripwires could not count the outcome of %s in run %s (%s)", tool, run, exc)
                 return replaced or result
-            note = _note(now, tool, None) + (f" refused {code}" if code else "")
+            note: Note = (now, tool, None, f"refused {code}" if code else "")
             for op, r, value in zip(ops, owners, tallies.values, strict=True):
                 evidence = self._evidence_of(op.key, note if value else None)
                 assert r.in_a_row is not None
@@ -331,7 +335,7 @@ class Tripwires:
         now: float,
         detail: str,
         figures: dict[str, Any],
-        evidence: list[str],
+        evidence: Sequence[Note],
         window: str = "",
         told: str | None = None,
     ) -> Refusal | None:
@@ -348,7 +352,7 @@ class Tripwires:
             detail,
             now,
             {**figures, "at": iso_utc(now)},
-            tuple(evidence[-EVIDENCE_CALLS:]),
+            tuple(_shown(n) for n in list(evidence)[-EVIDENCE_CALLS:]),
             told,
         )
         if rule.mode == "shadow":
@@ -374,7 +378,7 @@ class Tripwires:
             self._writer.write(trip)
         return _refusal(trip, run)
 
-    def _evidence_of(self, key: str, note: str | None) -> deque[str]:
+    def _evidence_of(self, key: str, note: Note | None) -> deque[Note]:
         """The calls counted under ``key`` at this gateway, with ``note`` added when given."""
         kept = self._evidence.get(key)
         if kept is None:
@@ -417,11 +421,11 @@ def _scope(rule: TripwireRule, identity: Identity, run: str | None) -> str | Non
 def _key(rule: TripwireRule, identity: Identity, run: str | None, window: int | None = None) -> str:
     """The count's name: the rule's, then what it counts per (and the window of a rate)."""
     if rule.per == "tenant":
-        base = f"{rule.name}:tenant:{quote(identity.tenant, safe='')}"
+        base = f"{rule.name}:tenant:{_q(identity.tenant)}"
     elif rule.per == "agent":
-        base = f"{rule.name}:agent:{quote(identity.agent, safe='')}"
+        base = f"{rule.name}:agent:{_q(identity.agent)}"
     else:
-        base = f"{rule.name}:run:{quote(identity.tenant, safe='')}/{quote(run or '', safe='')}"
+        base = f"{rule.name}:run:{_q(identity.tenant)}/{quote(run or '', safe='')}"
     return base if window is None else f"{base}:{window}"
 
 
@@ -440,7 +444,16 @@ def _over(
     return detail, {"counted": was, "this_call": amount, "limit": limit, "tool": tool}
 
 
-def _note(now: float, tool: str, arguments: dict[str, Any] | None) -> str:
-    """One call as evidence: when, the tool, and its arguments' digest (never the arguments)."""
-    args = "" if arguments is None else f" arguments {digest(arguments)[:12]}"
-    return f"{iso_utc(now)} {tool}{args}"
+#: One call as evidence: when, the tool, its arguments' digest (never the arguments), and what
+#: became of it; formatted (``_shown``) only when a rule fires.
+Note = tuple[float, str, str | None, str]
+
+
+def _shown(note: Note) -> str:
+    at, tool, args, outcome = note
+    return " ".join(p for p in (iso_utc(at), tool, args and f"arguments {args[:12]}", outcome) if p)
+
+
+@functools.cache
+def _q(text: str) -> str:
+    return quote(text, safe="")
