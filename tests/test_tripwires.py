@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import pytest
 from pydantic import ValidationError
 
@@ -418,3 +419,31 @@ async def test_a_failing_detector_fails_closed() -> None:
     replaced = await tw.settle(OPS, "read", "r1", OK)
     assert code(replaced) == "tripwire_tripped"
     assert "detector_failed" in tw.trips[-1].detail and "the model is gone" in tw.trips[-1].detail
+
+
+async def test_an_outcome_trip_is_held_for_every_gateway_sharing_the_store(
+    kind: tuple[str, str, str],
+) -> None:
+    async with opened(kind) as store:
+        clock = Clock()
+        rules = [
+            rule(kind="policy_hits", in_a_row=2),
+            rule(name="pages", kind="repeated_results", in_a_row=9),
+        ]
+        a = Tripwires(rules, store, clock=clock, hold_s=0.5)
+        b = Tripwires(rules, store, clock=clock, hold_s=0.5)  # another gateway, the same counters
+        denied = Refusal("policy_denied", "no", False)
+        for _ in range(2):
+            await a.settle(OPS, "t", "r1", denied)
+        assert code(a.latched(OPS, "t", "r1")) == "tripwire_tripped"
+        # b never saw the trip: the store refuses the run's next call there, whatever the tool.
+        assert b.latched(OPS, "u", "r1") is None
+        refused = await b.admit(OPS, "u", "r1", {})
+        assert code(refused) == "tripwire_tripped" and "another gateway" in str(
+            getattr(refused, "message", "")
+        )
+        assert await b.admit(OPS, "u", "r2", {}) is None, "another run is not held"
+        assert not b.trips, "b writes no second stop"
+        clock.now += 1  # the hold is over (memory: by the clock; Redis: by its own expiry)
+        await anyio.sleep(0.7)  # the stop, written meanwhile, refuses the run from then on
+        assert await b.admit(OPS, "u", "r1", {}) is None

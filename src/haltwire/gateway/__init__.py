@@ -34,7 +34,7 @@ from haltwire.store.idempotency.memory import MemoryIdempotency
 from haltwire.store.idempotency.redis import RedisIdempotency
 from haltwire.store.idempotency.sqlite import SqliteIdempotency
 from haltwire.store.redis import redis_client
-from haltwire.tripwires.engine import Tripwires
+from haltwire.tripwires.engine import RUN_TTL_S, Tripwires
 from haltwire.tripwires.writer import StopWriter
 from haltwire.upstreams import UpstreamError, Upstreams
 from haltwire.watch import ControlUnreachable, StopWatch, WrongRole
@@ -97,8 +97,19 @@ def tripwires_of(
     link = config.tripwire_stops
     writer = StopWriter(link.urls(config.control), link.resolve_token()) if link is not None else None
     revision = (lambda: stops.revision) if stops is not None else None
+    hold_s = None
+    if config.counters.backend == "redis":
+        # Every gateway refuses a trip judged on an outcome until its stop can have reached it
+        # (twice the staleness bound: past it, a gateway that heard nothing refuses everything).
+        hold_s = 2 * config.control.staleness_s if config.control is not None else RUN_TTL_S
     tripwires = Tripwires(
-        config.tripwires, store, writer=writer, watch_revision=revision, clock=clock, labels=upstreams.label
+        config.tripwires,
+        store,
+        writer=writer,
+        watch_revision=revision,
+        clock=clock,
+        labels=upstreams.label,
+        hold_s=hold_s,
     )
     return tripwires, writer
 

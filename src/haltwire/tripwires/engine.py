@@ -34,7 +34,6 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
-from urllib.parse import quote
 
 from haltwire import refusal
 from haltwire.config import Label
@@ -44,13 +43,21 @@ from haltwire.store.counters import CounterStore, CountersUnavailable, Repeat, S
 from haltwire.tripwires.content import Detector, Signal, load, text_of
 from haltwire.tripwires.rules import (
     ADMISSION_KINDS,
+    HELD,
     RESULT_KINDS,
+    Note,
     TripwireRule,
     UnreadableAmount,
+    count_key,
     digest,
+    hold_key,
     is_hit,
+    latch_scopes,
     normalized_text,
+    over_limit,
     read_amount,
+    shown_note,
+    stop_scope,
 )
 from haltwire.tripwires.writer import Landed, StopWriter, Trip
 
@@ -110,10 +117,17 @@ class Tripwires:
         watch_revision: Callable[[], int] | None = None,
         clock: Clock = time.time,
         labels: LabelOf | None = None,
+        hold_s: float | None = None,
     ) -> None:
+        """``hold_s``: with counters shared by several gateways, how long a trip judged on an
+        outcome is held in the store too, so that every gateway refuses the scope (the budget
+        kinds need none: their counts refuse). None: this gateway's latch only."""
         active = [r for r in rules if r.mode != "off"]
         self._admission = [r for r in active if r.kind in ADMISSION_KINDS]
         self._results = [r for r in active if r.kind in RESULT_KINDS]
+        self._hold_s = hold_s
+        #: The outcome rules whose trips are held in the store (enforced, with shared counters).
+        self._held = [r for r in self._results if r.mode == "enforce"] if hold_s is not None else []
         self._detectors: dict[str, Detector] = {
             r.name: load(r.detector) for r in active if r.kind == "content"
         }
@@ -141,7 +155,7 @@ class Tripwires:
         """The refusal of a call in a scope this gateway tripped, or None."""
         if not self._latched:
             return None
-        for scope in _scopes(identity, run):
+        for scope in latch_scopes(identity, run):
             latch = self._latched.get(scope)
             if latch is None:
                 continue
@@ -182,17 +196,21 @@ class Tripwires:
     ) -> Plan | Refusal | None:
         """The counts this call takes in the admission rules (None: none), or the refusal of a rule
         that trips without counting (a money rule's amount it cannot read)."""
-        if not self._admission:
+        if not self._admission and not self._held:
             return None
         now = self._clock()
         label = self._labels(tool) if self._labels is not None else None
         plan = Plan(identity, tool, run, arguments, now)
+        for r in self._held:  # whatever the tool: a held trip refuses the whole scope
+            scope = stop_scope(r, identity, run)
+            if scope is not None:
+                plan.add(Tally(hold_key(r, scope), 0, 0, 1.0), r, HELD, 0)
         for r in self._admission:
             if not r.counts(tool, label) or (r.per_run and run is None):
                 continue
             limit = r.limit if r.mode == "enforce" else None
             if r.kind == "repeated_calls":
-                plan.add(Repeat(_key(r, identity, run), plan.args_digest, RUN_TTL_S), r, "", 0)
+                plan.add(Repeat(count_key(r, identity, run), plan.args_digest, RUN_TTL_S), r, "", 0)
                 continue
             amount = 1
             if r.kind == "money":
@@ -209,13 +227,13 @@ class Tripwires:
                 window = int(now // r.window_s)
                 ends = (window + 1) * r.window_s
                 plan.add(
-                    Tally(_key(r, identity, run, window), amount, limit, ends - now + 60),
+                    Tally(count_key(r, identity, run, window), amount, limit, ends - now + 60),
                     r,
                     str(window),
                     amount,
                 )
             else:
-                plan.add(Tally(_key(r, identity, run), amount, limit, RUN_TTL_S), r, "", amount)
+                plan.add(Tally(count_key(r, identity, run), amount, limit, RUN_TTL_S), r, "", amount)
         return plan if plan.ops else None
 
     def judge(self, plan: Plan, tallies: Tallies | None) -> Refusal | None:
@@ -226,16 +244,26 @@ class Tripwires:
         identity, tool, run, now = plan.identity, plan.tool, plan.run, plan.now
         note: Note = (now, tool, plan.args_digest, "")
         ops = plan.ops
+        if tallies.refused is not None and plan.owners[tallies.refused][1] == HELD:
+            r = plan.owners[tallies.refused][0]
+            scope = stop_scope(r, identity, run)
+            assert scope is not None
+            detail = "tripped at another gateway, which writes its stop"
+            if scope == f"run:{run}":
+                return refusal.tripwire_tripped(r.name, scope[4:], detail=detail)
+            return refusal.tripwire_tripped(r.name, run or "", scope=scope, detail=detail)
         if tallies.refused is not None:
             r, tag, amount = plan.owners[tallies.refused]
             was = tallies.values[tallies.refused]
-            detail, over = _over(r, was, amount, tool, run)
+            detail, over = over_limit(r, was, amount, tool, run)
             evidence = self._evidence_of(ops[tallies.refused].key, None)
             refused = self._fire(r, identity, run, now, detail, over, [*evidence, (now, tool, plan.args_digest, "refused")], tag)
             assert refused is not None  # only enforce rules have limits in the store
             return refused
         first: Refusal | None = None
         for op, (r, tag, amount), value in zip(ops, plan.owners, tallies.values, strict=True):
+            if tag == HELD:
+                continue
             evidence = self._evidence_of(op.key, note)
             if r.kind == "repeated_calls":
                 assert r.in_a_row is not None
@@ -247,7 +275,7 @@ class Tripwires:
                 assert r.limit is not None
                 if r.mode != "shadow" or not value - amount <= r.limit < value:
                     continue  # enforce: under its limit (past it, the store refused); shadow: fired already
-                detail, figures = _over(r, value - amount, amount, tool, run)
+                detail, figures = over_limit(r, value - amount, amount, tool, run)
             fired = self._fire(r, identity, run, now, detail, figures, list(evidence), tag)
             first = first or fired
         return first
@@ -269,6 +297,7 @@ class Tripwires:
         ops: list[TallyOp] = []
         owners: list[TripwireRule] = []
         replaced: Refusal | None = None
+        tripped: list[TripwireRule] = []
         for r in self._results:
             if not r.counts(tool, label):
                 continue
@@ -294,12 +323,12 @@ class Tripwires:
             if run is None:
                 continue
             if r.kind == "policy_hits":
-                ops.append(Streak(_key(r, identity, run), is_hit(wire, code), RUN_TTL_S))
+                ops.append(Streak(count_key(r, identity, run), is_hit(wire, code), RUN_TTL_S))
             elif wire is not None:  # repeated_results: a refusal is no result
                 shown = normalized_text(text_of(wire))
                 ops.append(
                     Repeat(
-                        _key(r, identity, run), digest([tool, bool(wire.get("isError")), shown]), RUN_TTL_S
+                        count_key(r, identity, run), digest([tool, bool(wire.get("isError")), shown]), RUN_TTL_S
                     )
                 )
             else:
@@ -322,8 +351,25 @@ class Tripwires:
                 what = "refusals or errors" if r.kind == "policy_hits" else f"identical results of {tool}"
                 detail = f"{value} {what} in a row in run {run} (trips at {r.in_a_row})"
                 counted: dict[str, Any] = {"in_a_row": value, "threshold": r.in_a_row}
-                self._fire(r, identity, run, now, detail, counted, list(evidence))
+                if self._fire(r, identity, run, now, detail, counted, list(evidence)) is not None:
+                    tripped.append(r)
+        if replaced is not None:
+            tripped.extend(r for r in self._results if r.kind == "content" and r.mode == "enforce")
+        await self._hold(tripped, identity, run, now)
         return replaced or result
+
+    async def _hold(self, tripped: list[TripwireRule], identity: Identity, run: str | None, now: float) -> None:
+        """Hold the scopes of outcome trips in the shared store for ``hold_s`` (see ``__init__``)."""
+        if self._hold_s is None or not tripped:
+            return
+        scopes = {(r.name, s) for r in tripped if r in self._held and (s := stop_scope(r, identity, run))}
+        ops = [Tally(hold_key(name, scope), 1, None, self._hold_s) for name, scope in sorted(scopes)]
+        if not ops:
+            return
+        try:
+            await self._store.tally(ops, now)
+        except CountersUnavailable as exc:
+            log.warning("could not hold a trip in the shared counters (%s): this gateway refuses it", exc)
 
     # trips
 
@@ -341,7 +387,7 @@ class Tripwires:
     ) -> Refusal | None:
         """Record a firing; in enforce mode latch its scope, queue its stop and return the refusal
         (which says ``told``, when given, instead of ``detail``: the model reads it)."""
-        scope = _scope(rule, identity, run)
+        scope = stop_scope(rule, identity, run)
         name = hashlib.sha256(f"{rule.name}\n{scope}\n{run}\n{window}".encode()).hexdigest()[:40]
         trip = Trip(
             rule.name,
@@ -352,7 +398,7 @@ class Tripwires:
             detail,
             now,
             {**figures, "at": iso_utc(now)},
-            tuple(_shown(n) for n in list(evidence)[-EVIDENCE_CALLS:]),
+            tuple(shown_note(n) for n in list(evidence)[-EVIDENCE_CALLS:]),
             told,
         )
         if rule.mode == "shadow":
@@ -396,64 +442,3 @@ def _refusal(trip: Trip, run: str | None) -> Refusal:
     if trip.scope.startswith("run:") and run is not None and trip.scope == f"run:{run}":
         return refusal.tripwire_tripped(trip.rule, run, detail=trip.told or trip.detail)
     return refusal.tripwire_tripped(trip.rule, run or "", scope=trip.scope, detail=trip.told or trip.detail)
-
-
-def _scopes(identity: Identity, run: str | None) -> list[str]:
-    out = [
-        f"tenant:{identity.tenant}",
-        f"agent:{identity.agent}",
-        f"version:{identity.agent}@{identity.version}",
-    ]
-    return [f"run:{run}", *out] if run is not None else out
-
-
-def _scope(rule: TripwireRule, identity: Identity, run: str | None) -> str | None:
-    stops = rule.stops
-    if stops == "run":
-        return None if run is None else f"run:{run}"
-    if stops == "tenant":
-        return f"tenant:{identity.tenant}"
-    if stops == "agent":
-        return f"agent:{identity.agent}"
-    return f"version:{identity.agent}@{identity.version}"
-
-
-def _key(rule: TripwireRule, identity: Identity, run: str | None, window: int | None = None) -> str:
-    """The count's name: the rule's, then what it counts per (and the window of a rate)."""
-    if rule.per == "tenant":
-        base = f"{rule.name}:tenant:{_q(identity.tenant)}"
-    elif rule.per == "agent":
-        base = f"{rule.name}:agent:{_q(identity.agent)}"
-    else:
-        base = f"{rule.name}:run:{_q(identity.tenant)}/{quote(run or '', safe='')}"
-    return base if window is None else f"{base}:{window}"
-
-
-def _over(
-    rule: TripwireRule, was: int, amount: int, tool: str, run: str | None
-) -> tuple[str, dict[str, Any]]:
-    """What a budget's trip says: where it was, what the call added, its limit."""
-    limit = rule.limit
-    if rule.kind == "steps":
-        detail = f"call {was + amount} of run {run} would pass its limit of {limit} tool calls"
-    elif rule.kind == "money":
-        detail = f"{was} spent through tools in run {run}, plus {amount} by {tool}, would pass its limit of {limit}"
-    else:
-        per = f"run {run}" if rule.per == "run" else f"this {rule.per}"
-        detail = f"call {was + amount} of {per} within {rule.window_s:g} s would pass its limit of {limit}"
-    return detail, {"counted": was, "this_call": amount, "limit": limit, "tool": tool}
-
-
-#: One call as evidence: when, the tool, its arguments' digest (never the arguments), and what
-#: became of it; formatted (``_shown``) only when a rule fires.
-Note = tuple[float, str, str | None, str]
-
-
-def _shown(note: Note) -> str:
-    at, tool, args, outcome = note
-    return " ".join(p for p in (iso_utc(at), tool, args and f"arguments {args[:12]}", outcome) if p)
-
-
-@functools.cache
-def _q(text: str) -> str:
-    return quote(text, safe="")

@@ -22,13 +22,17 @@ result, so the model never reads the text that tripped it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
+from urllib.parse import quote
 
 from pydantic import Field, model_validator
 
 from haltwire.config import BearerToken, ConfigModel, ControlLink, Label
+from haltwire.identity import Identity
+from haltwire.refusal import iso_utc
 
 Mode = Literal["off", "shadow", "enforce"]
 Kind = Literal["steps", "money", "rate", "policy_hits", "repeated_calls", "repeated_results", "content"]
@@ -199,3 +203,80 @@ def is_hit(result: dict[str, Any] | None, code: str | None) -> bool:
     if code is not None:
         return code not in NOT_HITS
     return bool(result is not None and result.get("isError"))
+
+
+# -- what a rule counts under, what it stops, and what its trip says -------------------------
+
+
+def latch_scopes(identity: Identity, run: str | None) -> list[str]:
+    """The scopes a trip can have stopped that a call belongs to (tools are never stopped by one)."""
+    out = [
+        f"tenant:{identity.tenant}",
+        f"agent:{identity.agent}",
+        f"version:{identity.agent}@{identity.version}",
+    ]
+    return [f"run:{run}", *out] if run is not None else out
+
+
+def stop_scope(rule: TripwireRule, identity: Identity, run: str | None) -> str | None:
+    """The scope a trip of ``rule`` by this call stops (None: a run rule, and the call has no run)."""
+    stops = rule.stops
+    if stops == "run":
+        return None if run is None else f"run:{run}"
+    if stops == "tenant":
+        return f"tenant:{identity.tenant}"
+    if stops == "agent":
+        return f"agent:{identity.agent}"
+    return f"version:{identity.agent}@{identity.version}"
+
+
+def count_key(rule: TripwireRule, identity: Identity, run: str | None, window: int | None = None) -> str:
+    """The count's name: the rule's, then what it counts per (and the window of a rate)."""
+    if rule.per == "tenant":
+        base = f"{rule.name}:tenant:{quoted(identity.tenant)}"
+    elif rule.per == "agent":
+        base = f"{rule.name}:agent:{quoted(identity.agent)}"
+    else:
+        base = f"{rule.name}:run:{quoted(identity.tenant)}/{quote(run or '', safe='')}"
+    return base if window is None else f"{base}:{window}"
+
+
+#: The tag of a plan's op that checks a held trip (``Tripwires._hold``).
+HELD: Final = "held"
+
+
+def hold_key(rule: TripwireRule | str, scope: str) -> str:
+    """The name a trip is held under in shared counters (``engine.Tripwires._hold``)."""
+    name = rule if isinstance(rule, str) else rule.name
+    return f"{name}:held:{quote(scope, safe='')}"
+
+
+def over_limit(
+    rule: TripwireRule, was: int, amount: int, tool: str, run: str | None
+) -> tuple[str, dict[str, Any]]:
+    """What a budget's trip says: where it was, what the call added, its limit."""
+    limit = rule.limit
+    if rule.kind == "steps":
+        detail = f"call {was + amount} of run {run} would pass its limit of {limit} tool calls"
+    elif rule.kind == "money":
+        detail = f"{was} spent through tools in run {run}, plus {amount} by {tool}, would pass its limit of {limit}"
+    else:
+        per = f"run {run}" if rule.per == "run" else f"this {rule.per}"
+        detail = f"call {was + amount} of {per} within {rule.window_s:g} s would pass its limit of {limit}"
+    return detail, {"counted": was, "this_call": amount, "limit": limit, "tool": tool}
+
+
+#: One call as evidence: when, the tool, its arguments' digest (never the arguments), and what
+#: became of it; formatted (``shown_note``) only when a rule fires.
+Note = tuple[float, str, str | None, str]
+
+
+def shown_note(note: Note) -> str:
+    at, tool, args, outcome = note
+    return " ".join(p for p in (iso_utc(at), tool, args and f"arguments {args[:12]}", outcome) if p)
+
+
+@functools.lru_cache(maxsize=4096)
+def quoted(text: str) -> str:
+    """A tenant or agent id as part of a key (cached: one per identity, read on every call)."""
+    return quote(text, safe="")

@@ -55,7 +55,8 @@ ADMITTED = Decision()
 
 @dataclass(frozen=True, slots=True)
 class Tally:
-    """Add ``amount`` to a count; with a ``limit``, refuse (add nothing anywhere) if it would go past it."""
+    """Add ``amount`` to a count; with a ``limit``, refuse (add nothing anywhere) if it would go past it.
+    An ``amount`` of 0 only checks (``limit`` 0: refused once the count is 1): nothing is written."""
 
     key: str
     amount: int

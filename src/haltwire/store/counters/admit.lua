@@ -2,7 +2,7 @@
 -- KEYS: budget keys, then slot keys, then tally keys (haltwire.store.counters.Tally, Streak, Repeat).
 -- ARGV: n_budgets, n_tallies, now_ms, slot_ttl_ms, slot_id, then (limit, ttl_ms) per budget, then
 -- limit per slot, then four per tally op: kind, a, b, ttl_ms, where kind is
---   't' (a tally: a = amount, b = limit, -1 for none),
+--   't' (a tally: a = amount, b = limit, -1 for none; an amount of 0 only checks, writes nothing),
 --   's' (a streak: a = 1 for a hit, 0 otherwise),
 --   'r' (a repeat: a = the digest).
 -- Every time comes from the caller's clock (now) and every expiry is relative to it: an
@@ -69,7 +69,9 @@ for i = 1, nt do
   local a = ARGV[t0 + 4 * i - 2]
   local pttl = ARGV[t0 + 4 * i]
   local count
-  if kind == 't' then
+  if kind == 't' and tonumber(a) == 0 then
+    count = counts[i] -- a check only: nothing is written
+  elseif kind == 't' then
     count = counts[i] + tonumber(a)
     redis.call('SET', key, count, 'PX', pttl)
   elseif kind == 's' then

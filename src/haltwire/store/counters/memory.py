@@ -98,6 +98,9 @@ class MemoryCounters:
         held = self._tallies
         values: list[int] = []
         for op, (count, seen) in zip(ops, current, strict=True):
+            if isinstance(op, Tally) and op.amount == 0:
+                values.append(count)  # a check only: nothing is written
+                continue
             if isinstance(op, Tally):
                 count, seen = count + op.amount, ""
             elif isinstance(op, Streak):
