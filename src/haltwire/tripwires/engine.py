@@ -13,7 +13,9 @@ Three points in the pipeline (``haltwire.gateway.proxy``):
 3. ``settle``, once the call's result or refusal is known: the result kinds (policy hits,
    repeated results, content) in one more ``tally`` (only when such rules exist). The call has
    been served: a trip here stops the scope's next calls; a content signal in enforce mode
-   also replaces the result, so the model never reads the text that tripped it.
+   also replaces the result, so the model never reads the text that tripped it. With counters
+   shared by several gateways (``hold_s``), such a trip is also held in the store, and every
+   gateway's ``plan`` checks the holds in its admission: the scope is refused everywhere at once.
 
 A trip in enforce mode latches its scope, queues its stop for ``StopWriter`` (as the
 ``tripwire`` identity, with the rule, its figures and the calls that counted), and logs. In
