@@ -15,10 +15,11 @@ import tomli_w
 
 from gateway_processes import HALTWIRE, Gateway, Processes, wait_ready
 from haltwire.identity import Identity
+from haltwire.meta import LEASE_META
 from haltwire.store.counters.redis import RedisCounters
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
 from redis_process import free_port, private_redis, shared_prefix
-from test_gateway_leases import LEASES
+from test_gateway_leases import LEASES, mint
 from test_gateway_stops import control_plane, until
 from test_tripwires_gateway import outcome, stops_of
 
@@ -155,3 +156,45 @@ async def test_redis_down_fails_closed_at_admission_and_leaves_a_served_result(t
                 )
                 assert served == {"content": []}
                 assert not tripwires.trips
+
+
+async def test_an_outcome_trip_at_one_gateway_is_refused_at_another_before_its_stop_lands(
+    tmp_path: Path,
+) -> None:
+    """Two gateways on one Redis; the stop cannot be written (503): the second gateway refuses
+    the tripped run by the hold alone."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    from haltwire.serve import serving
+    from test_gateway_stops import gateway_config
+
+    async def unavailable(request: Any) -> Response:
+        return JSONResponse({"error": {"code": "unavailable", "message": "down"}}, status_code=503)
+
+    down = Starlette(routes=[Route("/v1/stops", unavailable, methods=["POST"])])
+    rules = [{"name": "two-errors", "kind": "policy_hits", "in_a_row": 2}]
+    with shared_prefix("hwtest-tripwires") as (redis_url, prefix):
+        async with (
+            control_plane(tmp_path / "control.db") as cp,
+            serving(down) as down_url,
+            running_upstream() as (_, up),
+        ):
+            data = gateway_config(up, cp)
+            data["leases"] = LEASES
+            data["tripwires"] = rules
+            data["tripwire_stops"] = {"url": down_url, "token": "tok-tripwire"}
+            data["counters"] = {"backend": "redis", "url": redis_url, "prefix": prefix, "timeout_s": 5.0}
+            async with (
+                running_gateway(data) as (_, first),
+                running_gateway(data) as (_, second),
+                connect(first, TOKENS["ops-bot"]) as a,
+                connect(second, TOKENS["ops-bot"]) as b,
+            ):
+                assert [await outcome(a, "run-1", "fail") for _ in range(2)] == ["error", "error"]
+                result = await b.call_tool("lookup_order", {}, meta={LEASE_META: mint("run-1")})  # type: ignore[arg-type]
+                error = (result.structured_content or {})["error"]
+                assert error["code"] == "tripwire_tripped" and "another gateway" in error["message"]
+                assert await outcome(b, "run-2") is None, "only the tripped run"
+                assert await stops_of(cp) == [], "no stop written: the hold alone refused it"
