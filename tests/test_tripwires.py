@@ -447,3 +447,18 @@ async def test_an_outcome_trip_is_held_for_every_gateway_sharing_the_store(
         clock.now += 1  # the hold is over (memory: by the clock; Redis: by its own expiry)
         await anyio.sleep(0.7)  # the stop, written meanwhile, refuses the run from then on
         assert await b.admit(OPS, "u", "r1", {}) is None
+
+
+async def test_a_label_selects_the_calls_and_a_rate_per_agent_counts_across_tenants() -> None:
+    labels = {"issue_refund": "irreversible", "lookup": "cancellable"}
+    tw = Tripwires(
+        [rule(kind="rate", limit=2, window_s=60, per="agent", label="irreversible")],
+        MemoryCounters(),
+        labels=labels.get,  # type: ignore[arg-type]
+    )
+    for _ in range(5):
+        assert await tw.admit(OPS, "lookup", "r1", {}) is None  # not irreversible: not counted
+    assert await tw.admit(OPS, "issue_refund", "r1", {}) is None
+    assert await tw.admit(OTHER_TENANT, "issue_refund", "r2", {}) is None  # ops-bot in another tenant
+    refused = await tw.admit(OPS, "issue_refund", "r3", {})
+    assert isinstance(refused, Refusal) and refused.error()["scope"] == "agent:ops-bot"
