@@ -462,3 +462,25 @@ async def test_a_label_selects_the_calls_and_a_rate_per_agent_counts_across_tena
     assert await tw.admit(OTHER_TENANT, "issue_refund", "r2", {}) is None  # ops-bot in another tenant
     refused = await tw.admit(OPS, "issue_refund", "r3", {})
     assert isinstance(refused, Refusal) and refused.error()["scope"] == "agent:ops-bot"
+
+
+async def test_one_stop_per_tenant_and_window_for_a_rate_and_one_per_run_otherwise() -> None:
+    tw = Tripwires(
+        [
+            rule(name="rate", kind="rate", limit=1, window_s=60, per="tenant", tools=["refund"]),
+            rule(name="steps", kind="steps", limit=1, scope="tenant", tools=["lookup"]),
+        ],
+        MemoryCounters(),
+        clock=Clock(),
+    )
+    for run in ("r1", "r2", "r3"):
+        await tw.admit(OPS, "refund", run, {})
+        tw._latched.clear()  # as at three gateways
+    rate_keys = {t.key for t in tw.trips if t.rule == "rate"}
+    assert len(rate_keys) == 1 and len([t for t in tw.trips if t.rule == "rate"]) == 2
+    for run in ("r1", "r2"):
+        for _ in range(2):
+            await tw.admit(OPS, "lookup", run, {})
+        tw._latched.clear()
+    steps = [t for t in tw.trips if t.rule == "steps"]
+    assert [t.scope for t in steps] == ["tenant:acme", "tenant:acme"] and len({t.key for t in steps}) == 2

@@ -390,7 +390,10 @@ class Tripwires:
         """Record a firing; in enforce mode latch its scope, queue its stop and return the refusal
         (which says ``told``, when given, instead of ``detail``: the model reads it)."""
         scope = stop_scope(rule, identity, run)
-        name = hashlib.sha256(f"{rule.name}\n{scope}\n{run}\n{window}".encode()).hexdigest()[:40]
+        # The same for every gateway that trips this rule for this scope, and this rate's window
+        # (else this run: another run tripping it after a clear writes a stop of its own).
+        which = window if rule.kind == "rate" else run
+        name = hashlib.sha256(f"{rule.name}\n{scope or f'run:{run}'}\n{which}".encode()).hexdigest()[:40]
         trip = Trip(
             rule.name,
             rule.kind,
