@@ -255,8 +255,14 @@ def policy_denied(who: str, tool: str) -> Refusal:
     return _terminal("policy_denied", f"{who} may not call {tool}")
 
 
-def tripwire_tripped(name: str, run: str) -> Refusal:
-    return _terminal("tripwire_tripped", f"Tripwire {name} stopped run {run}")
+def tripwire_tripped(name: str, run: str, *, scope: str | None = None, detail: str | None = None) -> Refusal:
+    """A tripwire stopped ``run`` (or, with ``scope``, the work in that scope: a tenant, an agent);
+    ``detail``: what it measured."""
+    what = f"work in scope {scope}" if scope is not None else f"run {run}"
+    clause = f"Tripwire {name} stopped {what}" + (f" ({detail})" if detail else "")
+    return _terminal(
+        "tripwire_tripped", clause, extra=(("tripwire", name), ("scope", scope or f"run:{run}"))
+    )
 
 
 def intent_refused(detail: str) -> Refusal:

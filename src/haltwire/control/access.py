@@ -52,6 +52,8 @@ ROLES: Final[Mapping[str, frozenset[str]]] = {
     # stop found in flight, for the report.
     "run.report": frozenset({"operator", "viewer", "agent"}),
     "run.calls.record": frozenset({"gateway"}),
+    # A gateway's tripwire in shadow mode records what it would have stopped.
+    "tripwire.firing.record": frozenset({"tripwire"}),
     # Who a token is, and whether it reads every stop (an enforcement point asks at start-up).
     "whoami": frozenset(get_args(Role)),
 }

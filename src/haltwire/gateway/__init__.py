@@ -34,6 +34,8 @@ from haltwire.store.idempotency.memory import MemoryIdempotency
 from haltwire.store.idempotency.redis import RedisIdempotency
 from haltwire.store.idempotency.sqlite import SqliteIdempotency
 from haltwire.store.redis import redis_client
+from haltwire.tripwires.engine import RUN_TTL_S, Tripwires
+from haltwire.tripwires.writer import StopWriter
 from haltwire.upstreams import UpstreamError, Upstreams
 from haltwire.watch import ControlUnreachable, StopWatch, WrongRole
 
@@ -86,6 +88,32 @@ def idempotency_store(config: GatewayConfig, client: aioredis.Redis | None = Non
     return MemoryIdempotency()
 
 
+def tripwires_of(
+    config: GatewayConfig, store: CounterStore, stops: StopWatch | None, upstreams: Upstreams, clock: Clock
+) -> tuple[Tripwires | None, StopWriter | None]:
+    """The per-call tripwires (None when no rule is on) and the writer of their stops."""
+    if all(r.mode == "off" for r in config.tripwires):
+        return None, None
+    link = config.tripwire_stops
+    writer = StopWriter(link.urls(config.control), link.resolve_token()) if link is not None else None
+    revision = (lambda: stops.revision) if stops is not None else None
+    hold_s = None
+    if config.counters.backend == "redis":
+        # Every gateway refuses a trip judged on an outcome until its stop can have reached it
+        # (twice the staleness bound: past it, a gateway that heard nothing refuses everything).
+        hold_s = 2 * config.control.staleness_s if config.control is not None else RUN_TTL_S
+    tripwires = Tripwires(
+        config.tripwires,
+        store,
+        writer=writer,
+        watch_revision=revision,
+        clock=clock,
+        labels=upstreams.label,
+        hold_s=hold_s,
+    )
+    return tripwires, writer
+
+
 def create_app(
     config: GatewayConfig, *, clock: Clock = time.time, store: CounterStore | None = None
 ) -> GatewayApp:
@@ -113,6 +141,7 @@ def create_app(
         identities = [i.identity() for i in config.identities]
         credentials = CredentialEdge(keys, config.broker.audience, identities, clock=clock)
     issuer = IssuerEdge(config.issuer, clock=clock) if config.issuer is not None else None
+    tripwires, writer = tripwires_of(config, store, stops, upstreams, clock)
     gateway = Gateway(
         upstreams,
         Ceilings(config, store, clock=clock, labels=upstreams.label),
@@ -122,6 +151,7 @@ def create_app(
         idempotency,
         intents,
         inflight,
+        tripwires,
     )
 
     async def startup(stack: AsyncExitStack) -> None:
@@ -134,6 +164,11 @@ def create_app(
         stack.callback(retries.cancel_scope.cancel)
         await store.start(retries)
         await idempotency.store.start(retries)
+        if writer is not None:
+            # Owned by the same group: cancelled at shutdown, logging any stop not yet written.
+            stack.push_async_callback(writer.aclose)
+            await writer.check()  # a token the control plane knows by another role: a start-up error
+            await retries.start(writer.run)
         if intents is not None:
             stack.push_async_callback(intents.aclose)
         if reports is not None:

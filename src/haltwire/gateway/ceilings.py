@@ -13,8 +13,8 @@ runaway canary cannot spend the stable version's budget. A call to tool T by ide
 - for a call in a run (one that presented a lease), the run's step budget (``run_steps``):
   calls in the whole run, a budget keyed by run id in one long window.
 
-All counters are checked and taken in one atomic ``admit``; a refused call consumes
-nothing. The window is fixed rather than sliding, so the reset time is one value the
+All counters are checked and taken in one atomic ``admit`` (with the tripwires' admission
+counts of the call, when there are any); a refused call consumes nothing. The window is fixed rather than sliding, so the reset time is one value the
 refusal can state.
 """
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from haltwire import refusal
@@ -31,7 +31,14 @@ from haltwire.config import Label
 from haltwire.gateway.config import GatewayConfig, LimitsOverride, ToolLimits
 from haltwire.identity import Identity, IdentityKey
 from haltwire.refusal import Refusal
-from haltwire.store.counters import BudgetCounter, CounterStore, CountersUnavailable, SlotCounter
+from haltwire.store.counters import (
+    BudgetCounter,
+    CounterStore,
+    CountersUnavailable,
+    SlotCounter,
+    Tallies,
+    TallyOp,
+)
 
 Clock = Callable[[], float]
 #: A tool's label (``haltwire.upstreams.labels``), or None for a tool the gateway does not know.
@@ -61,12 +68,16 @@ class ToolCeilings:
 
 @dataclass(slots=True)
 class Ticket:
-    """An admitted call. ``release`` gives back its slots; call it in ``finally``."""
+    """An admitted call. ``release`` gives back its slots; call it in ``finally``.
+
+    ``tallied``: the tripwires' counts taken with the admission (``Ceilings.admit``'s ``tallies``);
+    when one of them refused (``tallied.refused``), nothing was taken and the tripwires refuse."""
 
     store: CounterStore
     slots: tuple[SlotCounter, ...]
     slot_id: str
     deadline_s: float
+    tallied: Tallies | None = None
 
     async def release(self) -> None:
         if self.slots:
@@ -133,9 +144,13 @@ class Ceilings:
         self._cache[(key, tool)] = resolved
         return resolved
 
-    async def admit(self, identity: Identity, tool: str, run: str | None = None) -> Ticket | Refusal:
+    async def admit(
+        self, identity: Identity, tool: str, run: str | None = None, tallies: Sequence[TallyOp] = ()
+    ) -> Ticket | Refusal:
         """Admit one call (in ``run``, when it presented a lease) or say why not.
 
+        ``tallies``: the tripwires' counts of the call (``haltwire.tripwires.engine``), checked and
+        taken in the same atomic admission (one round trip), all or nothing with the counters.
         Fails closed when the counters cannot be reached.
         """
         c = self.for_call(identity, tool)
@@ -158,13 +173,16 @@ class Ceilings:
         if c.tool_max_in_flight is not None:
             slots.append(SlotCounter(f"{counted}:f:{tool}", c.tool_max_in_flight))
         slot_id = f"{self._slot_prefix}:{next(self._slot_numbers)}" if slots else ""
-        if budgets or slots:
+        tallied = None
+        if budgets or slots or tallies:
             try:
-                decision = await self._store.admit(budgets, slots, slot_id, now)
+                decision = await self._store.admit(budgets, slots, slot_id, now, tallies)
             except CountersUnavailable:
                 return refusal.counters_unavailable()
             if decision.refused is not None:
                 kind, i = decision.refused
+                if kind == "tally":  # nothing taken: the tripwires say why
+                    return Ticket(self._store, (), "", c.deadline_s, Tallies(decision.tallied, i))
                 if kind == "budget":
                     if self._please_try_again:
                         return refusal.please_try_again()
@@ -175,7 +193,9 @@ class Ceilings:
                         identity.agent, b.limit, ends, tool if b.key != f"{counted}:b" else None
                     )
                 return refusal.too_many_in_flight(identity.agent, slots[i].limit)
-        return Ticket(self._store, tuple(slots), slot_id, c.deadline_s)
+            if tallies:
+                tallied = Tallies(decision.tallied)
+        return Ticket(self._store, tuple(slots), slot_id, c.deadline_s, tallied)
 
 
 def _int(v: float | int | None) -> int | None:

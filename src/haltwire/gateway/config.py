@@ -27,6 +27,7 @@ from haltwire.credentials import ISSUER as CREDENTIAL_ISSUER
 from haltwire.gateway.hosts import host_entry, origin_entry
 from haltwire.identity import Identity, IdentityKey, RefuseAt, TokenTable
 from haltwire.listener import ListenerLimits
+from haltwire.tripwires.rules import TripwireRule, TripwireStops, check_tripwires
 
 
 class ToolLimits(ConfigModel):
@@ -269,6 +270,9 @@ class GatewayConfig(ConfigModel):
     executor: ExecutorSection | None = None
     identities: list[IdentityConfig] = Field(default_factory=list)
     upstreams: list[UpstreamConfig] = Field(min_length=1)
+    #: Per-call tripwire rules (``haltwire.tripwires.rules``); none: no per-call work.
+    tripwires: list[TripwireRule] = Field(default_factory=list)
+    tripwire_stops: TripwireStops | None = None
 
     @property
     def intents_on(self) -> bool:
@@ -355,6 +359,7 @@ class GatewayConfig(ConfigModel):
                         "gateway.development = true; put each value in an environment variable and "
                         f'name it instead: headers_env = {{ "{first}" = "ENV_VAR" }}'
                     )
+        check_tripwires(self.tripwires, self.tripwire_stops, self.control, self.gateway.development)
         return self
 
     def _check_issuer(self, issuer: IssuerSection) -> None:

@@ -1,5 +1,6 @@
-"""The enforcement pipeline for one ``tools/call``: the kill switch, the lease, the stops, the ceilings,
-the idempotency key (bounded tools), the upstream.
+"""The enforcement pipeline for one ``tools/call``: the kill switch, the lease, the stops, the
+tripwires' latch, the ceilings, the tripwires' admission, the idempotency key (bounded tools), the
+upstream, the tripwires' judgement of the outcome.
 
 Order matters and is fixed: a suspended identity, a bad lease or a stopped call is refused
 before anything is counted; a lease names the call's run, so run stops, the lease's fencing
@@ -18,6 +19,17 @@ registered as in flight (``haltwire.gateway.inflight``), after one more look at 
 (admission may have waited on Redis), and a stop applied while it runs cuts it if its tool is
 cancellable (the agent gets ``stopped``) or lets it finish under its deadline if bounded or
 irreversible; either way its outcome goes to the control plane for the run report.
+
+Per-call tripwires (``haltwire.tripwires.engine``, with ``[[tripwires]]``) take three places:
+after the stop check, a scope this gateway tripped is refused ``tripwire_tripped`` until the
+stop it wrote arrives through the watch; the budget rules (steps, money, rate) and repeated
+calls are counted in the ceilings' own atomic admission (one round trip for every counter, all
+or nothing: a call that either refuses counts nowhere), and the call that would go past a limit is
+refused there, never served; once the result
+or refusal is known (any after the stop check: a ceiling's refusal is a policy hit), policy
+hits, repeated results and content signals judge it (a JSON-RPC error from the upstream, or an
+unknown tool, as an error result), and a content signal replaces the result. A tripwire's own
+refusal is not judged again.
 """
 
 from __future__ import annotations
@@ -45,10 +57,14 @@ from haltwire.meta import LEASE_META
 from haltwire.refusal import Refusal
 from haltwire.store.counters import CountersUnavailable
 from haltwire.tokens import LeaseClaims
+from haltwire.tripwires.engine import Tripwires
 from haltwire.upstreams import Progress, Route, Upstreams, UpstreamUnavailable
 from haltwire.watch import StopWatch
 
 log = logging.getLogger("haltwire.gateway")
+
+#: What the tripwires judge a call that ended in a JSON-RPC error by: an error result.
+FAILED: dict[str, Any] = {"isError": True, "content": []}
 
 #: How long releasing a slot may take once the call is over (shielded from cancellation).
 RELEASE_TIMEOUT_S = 2.0
@@ -70,8 +86,11 @@ class Gateway:
         idempotency: Idempotency | None = None,
         intents: IntentDesk | None = None,
         inflight: InFlight | None = None,
+        tripwires: Tripwires | None = None,
     ) -> None:
         self.upstreams = upstreams
+        #: Per-call tripwire rules; None (no rule on): no tripwire work per call.
+        self.tripwires = tripwires
         #: Calls in flight, for new stops to reach (with ``[control]``); None: no stop reaches them.
         self.inflight = inflight
         #: Irreversible calls become intents; None: they are forwarded like any other.
@@ -133,14 +152,47 @@ class Gateway:
         run = lease.run if lease is not None else None
         if self.stops is not None and (stopped := stop_refusal(self.stops, identity, name, lease)) is not None:
             return stopped  # before routing and ceilings: a stopped call consumes nothing
+        tripwires = self.tripwires
+        if tripwires is None:
+            return await self._admitted(identity, name, arguments, meta, progress, lease, run)
+        if (tripped := tripwires.latched(identity, name, run)) is not None:
+            return tripped
+        try:
+            result = await self._admitted(identity, name, arguments, meta, progress, lease, run)
+        except MCPError:
+            # The upstream's JSON-RPC error (passed on as is), or an unknown tool: an error outcome.
+            await tripwires.settle(identity, name, run, FAILED)
+            raise
+        return await tripwires.settle(identity, name, run, result)
+
+    async def _admitted(
+        self,
+        identity: Identity,
+        name: str,
+        arguments: dict[str, Any] | None,
+        meta: dict[str, Any] | None,
+        progress: Progress | None,
+        lease: LeaseClaims | None,
+        run: str | None,
+    ) -> dict[str, Any] | Refusal:
+        """From routing on: the ceilings, the tripwires' admission, then the call itself."""
         route = self.upstreams.route(name)
         desk = None
         if route is None and (desk := self._status_tool(name)) is None:
             raise UnknownTool(name)
-        ticket = await self.ceilings.admit(identity, name, run)
+        tripwires = self.tripwires
+        plan = None if tripwires is None else tripwires.plan(identity, name, run, arguments)
+        if isinstance(plan, Refusal):
+            return plan
+        # The tripwires' counts are taken with the ceilings', all or nothing, in one round trip.
+        ticket = await self.ceilings.admit(identity, name, run, () if plan is None else plan.ops)
         if isinstance(ticket, Refusal):
             return ticket
         try:
+            if plan is not None:
+                assert tripwires is not None
+                if (tripped := tripwires.judge(plan, ticket.tallied)) is not None:
+                    return tripped
             if route is None:
                 assert desk is not None
                 return await desk.status(identity, arguments, ticket.deadline_s)

@@ -29,7 +29,7 @@ from haltwire.control.config import ControlConfig
 from haltwire.control.errors import Refused, unavailable
 from haltwire.control.notify import receivers
 from haltwire.control.plane import Plane
-from haltwire.control.routes import calls, credentials, intents, openapi, reports, runs, stops
+from haltwire.control.routes import calls, credentials, firings, intents, openapi, reports, runs, stops
 from haltwire.control.routes.paging import Sender
 from haltwire.control.routes.wire import answer
 from haltwire.control.stores import Stores, open_stores
@@ -43,6 +43,7 @@ routes: list[BaseRoute] = [
     *intents.routes,
     *reports.routes,
     *calls.routes,
+    *firings.routes,
 ]
 
 

@@ -107,6 +107,12 @@ class CredentialList(TypedDict):
     credentials: list[CredentialRecord]
 
 
+class FiringRecorded(TypedDict):
+    """``POST /v1/tripwire-firings``: whether it was recorded now (false: a repeat)."""
+
+    recorded: bool
+
+
 class CallsRecorded(TypedDict):
     """``POST /v1/runs/{id}/calls``: calls recorded now, and calls recorded before (a repeat)."""
 

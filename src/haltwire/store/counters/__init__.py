@@ -1,4 +1,4 @@
-"""Counter stores: where budgets and in-flight slots are counted.
+"""Counter stores: where budgets, in-flight slots and the tripwires' counts are counted.
 
 The admission policy (``haltwire.gateway.ceilings``) decides *what* to count and the limits;
 a store only counts, atomically: one ``admit`` checks every counter it is given and
@@ -39,9 +39,11 @@ class SlotCounter:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """``refused``: None when admitted, else which counter refused, ``("budget", i)`` or ``("slots", i)``."""
+    """``refused``: None when admitted, else which counter refused, ``("budget", i)``, ``("slots", i)``
+    or ``("tally", i)``. ``tallied``: each tally op's count, after it when admitted, as it was when not."""
 
     refused: tuple[str, int] | None = None
+    tallied: tuple[int, ...] = ()
 
     @property
     def admitted(self) -> bool:
@@ -51,11 +53,63 @@ class Decision:
 ADMITTED = Decision()
 
 
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """Add ``amount`` to a count; with a ``limit``, refuse (add nothing anywhere) if it would go past it.
+    An ``amount`` of 0 only checks (``limit`` 0: refused once the count is 1): nothing is written."""
+
+    key: str
+    amount: int
+    limit: int | None
+    ttl_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Streak:
+    """Outcomes in a row: a hit adds one, anything else sets it back to 0."""
+
+    key: str
+    hit: bool
+    ttl_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Repeat:
+    """The same ``digest`` in a row: the same as last time adds one, another starts again at 1."""
+
+    key: str
+    digest: str
+    ttl_s: float
+
+
+TallyOp = Tally | Streak | Repeat
+
+
+@dataclass(frozen=True, slots=True)
+class Tallies:
+    """What ``tally`` did: ``refused``, the index of the ``Tally`` that would have gone past its
+    limit (then nothing was counted, and ``values`` are the counts as they were); else None, and
+    ``values`` are each op's count after it."""
+
+    values: tuple[int, ...]
+    refused: int | None = None
+
+
 class CounterStore(Protocol):
     async def admit(
-        self, budgets: Sequence[BudgetCounter], slots: Sequence[SlotCounter], slot_id: str, now: float
+        self,
+        budgets: Sequence[BudgetCounter],
+        slots: Sequence[SlotCounter],
+        slot_id: str,
+        now: float,
+        tallies: Sequence[TallyOp] = (),
     ) -> Decision:
-        """Check every counter; if all have room, count the call in each budget and take a slot in each."""
+        """Check every counter (and every limited ``Tally``); if all have room, count the call in
+        each budget, take a slot in each, and apply every tally op. One round trip."""
+        ...
+
+    async def tally(self, ops: Sequence[TallyOp], now: float) -> Tallies:
+        """``admit`` with tally ops only (the tripwires' judgement of an outcome)."""
         ...
 
     async def release(self, slots: Sequence[SlotCounter], slot_id: str) -> None:
@@ -79,5 +133,10 @@ __all__ = [
     "CounterStore",
     "CountersUnavailable",
     "Decision",
+    "Repeat",
     "SlotCounter",
+    "Streak",
+    "Tallies",
+    "Tally",
+    "TallyOp",
 ]

@@ -1,7 +1,9 @@
 """Counters in Redis, shared by several gateways.
 
 Each admission decision is one Lua script (``admit.lua``), so one round trip and atomic
-across every gateway: no two gateways can both take the last call of a budget. Slots are
+across every gateway: no two gateways can both take the last call of a budget. The same script
+takes the tripwires' counts of the call (``Tally``, ``Streak``, ``Repeat``) with the budgets, so
+a call's ceilings and admission tripwires cost one round trip together. Slots are
 members of a sorted set scored by their expiry, so a gateway that crashes while holding
 slots cannot hold them forever: the next admission drops expired members.
 
@@ -26,7 +28,17 @@ import anyio.abc
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from haltwire.store.counters import ADMITTED, BudgetCounter, CountersUnavailable, Decision, SlotCounter
+from haltwire.store.counters import (
+    ADMITTED,
+    BudgetCounter,
+    CountersUnavailable,
+    Decision,
+    SlotCounter,
+    Streak,
+    Tallies,
+    Tally,
+    TallyOp,
+)
 from haltwire.store.lua import lua_script
 from haltwire.store.redis import MAX_CONNECTIONS, redis_client
 from haltwire.store.retry import Retries
@@ -36,6 +48,8 @@ log = logging.getLogger("haltwire.store")
 # The scripts are .lua files beside this module (their contracts are at their tops).
 _ADMIT = lua_script(__package__, "admit.lua")
 _RELEASE = lua_script(__package__, "release.lua")
+#: What refused, by the script's answer.
+_REFUSED = {1: "budget", 2: "slots", 3: "tally"}
 
 
 def _unavailable(exc: BaseException) -> CountersUnavailable:
@@ -78,23 +92,46 @@ class RedisCounters:
         await tg.start(self.releases.run)
 
     async def admit(
-        self, budgets: Sequence[BudgetCounter], slots: Sequence[SlotCounter], slot_id: str, now: float
+        self,
+        budgets: Sequence[BudgetCounter],
+        slots: Sequence[SlotCounter],
+        slot_id: str,
+        now: float,
+        tallies: Sequence[TallyOp] = (),
     ) -> Decision:
         keys = [f"{self._key(b.key)}:{b.window}" for b in budgets] + [self._key(s.key) for s in slots]
-        args: list[Any] = [len(budgets), int(now * 1000), self._slot_ttl_ms, slot_id]
+        keys += [f"{self._prefix}:t:{op.key}" for op in tallies]
+        args: list[Any] = [len(budgets), len(tallies), int(now * 1000), self._slot_ttl_ms, slot_id]
         for b in budgets:
             # Keep a window's counter a minute past its end, for late readers and clock skew.
             args += [b.limit, max(1, math.ceil((b.window_ends_at + 60 - now) * 1000))]
         args += [s.limit for s in slots]
+        for op in tallies:
+            if isinstance(op, Tally):
+                args += ["t", op.amount, -1 if op.limit is None else op.limit]
+            elif isinstance(op, Streak):
+                args += ["s", 1 if op.hit else 0, 0]
+            else:
+                args += ["r", op.digest, 0]
+            args.append(max(1, math.ceil(op.ttl_s * 1000)))
         try:
             self.round_trips += 1
             with anyio.fail_after(self._timeout_s):
-                kind, index = await self._admit(keys=keys, args=args)
+                kind, index, *counts = await self._admit(keys=keys, args=args)
         except (RedisError, OSError) as exc:  # (TimeoutError is an OSError)
             raise _unavailable(exc) from exc
+        tallied = tuple(int(c) for c in counts)
         if kind == 0:
-            return ADMITTED
-        return Decision(("budget" if kind == 1 else "slots", int(index) - 1))
+            return Decision(None, tallied) if tallied else ADMITTED
+        return Decision((_REFUSED[int(kind)], int(index) - 1), tallied)
+
+    async def tally(self, ops: Sequence[TallyOp], now: float) -> Tallies:
+        """``admit`` with tally ops only: the same script, one round trip. Never retried, like an
+        admission: a repeat whose first reply was lost would count the call twice."""
+        if not ops:
+            return Tallies(())
+        decision = await self.admit((), (), "", now, ops)
+        return Tallies(decision.tallied, None if decision.refused is None else decision.refused[1])
 
     async def release(self, slots: Sequence[SlotCounter], slot_id: str) -> None:
         """Give the slots back. A failed attempt is left to the retries, when they run;

@@ -1,0 +1,134 @@
+"""What the per-call tripwires cost at the gateway: the admission with and without them.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/tripwires.py                   # memory, and Redis if it answers
+    .venv/bin/python benchmarks/tripwires.py --redis redis://127.0.0.1:6379/0 --calls 5000
+
+For each store (``MemoryCounters``; ``RedisCounters`` under a unique key prefix, deleted
+afterwards) and each rule set (none; ``steps``; the four admission kinds; all six kinds), one
+call is what the pipeline does around its upstream: ``Tripwires.plan``, ``Ceilings.admit`` with
+the plan's counts, ``Tripwires.judge``, ``Ticket.release``, ``Tripwires.settle`` on a result.
+It prints p50/p99 in microseconds and the store's round trips per call (the ceilings here
+hold a slot, so a call is an admission and a release: 2 without tripwires).
+
+On a shared 2-core machine (2026-12-02, 2,000 calls): memory p50 8 us without rules, 25 us with
+``steps``, 40 us with the four admission kinds, 61 us with all six; Redis p50 0.41 ms without,
+0.48 ms with the admission kinds at the same 2 round trips per call (their counts go in the
+admission's script), 0.76 ms and 3 round trips with all six (the outcome's judgement is one
+more).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import uuid
+from typing import Any
+
+import anyio
+import redis
+
+from haltwire.gateway.ceilings import Ceilings
+from haltwire.gateway.config import parse_config
+from haltwire.identity import Identity
+from haltwire.refusal import Refusal
+from haltwire.store.counters import CounterStore
+from haltwire.store.counters.memory import MemoryCounters
+from haltwire.store.counters.redis import RedisCounters
+from haltwire.tripwires.engine import Tripwires
+from haltwire.tripwires.rules import TripwireRule
+
+BIG = 10**12
+RULES: dict[str, list[dict[str, Any]]] = {
+    "none": [],
+    "steps": [{"kind": "steps", "limit": BIG}],
+    "admission kinds (4)": [
+        {"kind": "steps", "limit": BIG},
+        {"kind": "rate", "limit": BIG, "window_s": 3600, "per": "tenant"},
+        {"kind": "money", "limit": BIG, "amount": "amount_cents"},
+        {"kind": "repeated_calls", "in_a_row": 10**6},
+    ],
+}
+RULES["all kinds (6)"] = [
+    *RULES["admission kinds (4)"],
+    {"kind": "policy_hits", "in_a_row": 10**6},
+    {"kind": "repeated_results", "in_a_row": 10**6},
+]
+CONFIG = parse_config(
+    {
+        "gateway": {"development": True},
+        "limits": {"budget": 10**9, "max_in_flight": 10**6},
+        "upstreams": [{"name": "u", "url": "http://127.0.0.1:1/mcp"}],
+    }
+)
+WHO = Identity("bench-bot", "acme", "1.0")
+
+
+async def measure(store: CounterStore, rules: list[dict[str, Any]], calls: int) -> tuple[list[float], int]:
+    """Per-call seconds, and the store's round trips over all calls (0 when it does not count them)."""
+    parsed = [TripwireRule.model_validate({"name": f"r{i}", **r}) for i, r in enumerate(rules)]
+    ceilings = Ceilings(CONFIG, store)
+    tripwires = Tripwires(parsed, store) if parsed else None
+    before = getattr(store, "round_trips", 0)
+    seconds: list[float] = []
+    for i in range(calls):
+        arguments = {"order_id": f"A-{i}", "amount_cents": 5}
+        started = time.perf_counter()
+        plan = tripwires.plan(WHO, "issue_refund", "run-1", arguments) if tripwires else None
+        assert not isinstance(plan, Refusal), plan
+        ticket = await ceilings.admit(WHO, "issue_refund", "run-1", () if plan is None else plan.ops)
+        assert not isinstance(ticket, Refusal), ticket
+        if tripwires is not None and plan is not None:
+            assert tripwires.judge(plan, ticket.tallied) is None
+        await ticket.release()
+        if tripwires is not None:
+            await tripwires.settle(
+                WHO, "issue_refund", "run-1", {"content": [{"type": "text", "text": f"ok {i}"}]}
+            )
+        seconds.append(time.perf_counter() - started)
+    return seconds, getattr(store, "round_trips", 0) - before
+
+
+def p(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100)[int(q) - 1] * 1e6
+
+
+async def run(opts: argparse.Namespace) -> None:
+    stores = ["memory"]
+    try:
+        redis.Redis.from_url(opts.redis, socket_timeout=1).ping()
+        stores.append("redis")
+    except (redis.RedisError, OSError):
+        print(f"(Redis at {opts.redis} does not answer: memory only)")
+    for kind in stores:
+        for name, rules in RULES.items():
+            prefix = f"bench-tripwires-{uuid.uuid4().hex[:8]}"
+            store: CounterStore = (
+                MemoryCounters()
+                if kind == "memory"
+                else RedisCounters(opts.redis, prefix=prefix, timeout_s=5)
+            )
+            try:
+                seconds, trips = await measure(store, rules, opts.calls)
+            finally:
+                await store.aclose()
+                if kind == "redis":
+                    client = redis.Redis.from_url(opts.redis)
+                    keys = list(client.scan_iter(f"{prefix}:*"))
+                    if keys:
+                        client.delete(*keys)
+            per_call = f", {trips / opts.calls:.2f} round trips per call" if kind == "redis" else ""
+            print(f"{kind:6} {name:20} p50 {p(seconds, 50):8.1f} us  p99 {p(seconds, 99):8.1f} us{per_call}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    anyio.run(run, parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()

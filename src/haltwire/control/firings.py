@@ -1,0 +1,60 @@
+"""Tripwire firings in shadow mode: what a rule would have stopped, recorded but not enforced.
+
+A gateway's per-call rule in ``shadow`` mode (``haltwire.tripwires``) never refuses: it reports
+the would-be firing (``POST /v1/tripwire-firings``, role ``tripwire``), and ``record`` writes it
+as one ``stop.shadow`` audit record (the action the control plane's own shadow rules use), its
+target the scope it would have stopped, with the rule, its kind, when it would have fired
+(``fired_at``, the gateway's clock) and, for a run, the run's id, so the run report's timeline
+shows it. A gateway retries a report whose answer it lost: the firing id makes a repeat harmless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from haltwire.control.config import Caller
+from haltwire.control.errors import invalid
+from haltwire.control.plane import Plane
+from haltwire.scope import Scope, ScopeError
+
+#: The audit action (shared with the control plane's own shadow rules) and the ``ROLES`` action.
+ACTION: Final = "stop.shadow"
+RECORD: Final = "tripwire.firing.record"
+
+
+@dataclass(frozen=True, slots=True)
+class Firing:
+    firing_id: str
+    rule: str
+    kind: str
+    scope: str
+    reason: str
+    fired_at: float
+
+
+async def record(plane: Plane, caller: Caller, firing: Firing) -> bool:
+    """Record ``firing`` once; False when its id was recorded before. A scope that does not parse
+    is refused 422 (audited)."""
+    try:
+        scope = Scope.parse(firing.scope)
+    except ScopeError as exc:
+        raise await plane.refuse(caller, RECORD, "", invalid(str(exc))) from None
+    run = {"run_id": scope.value} if scope.kind == "run" else {}
+    async with plane.transaction():
+        earlier = await plane.open.audit.records(target=str(scope))
+        if any(r.action == ACTION and r.detail.get("firing_id") == firing.firing_id for r in earlier):
+            return False
+        await plane.audit(
+            caller,
+            ACTION,
+            str(scope),
+            "ok",
+            f"would have stopped {scope}: {firing.reason}",
+            rule=firing.rule,
+            kind=firing.kind,
+            firing_id=firing.firing_id,
+            fired_at=firing.fired_at,
+            **run,
+        )
+    return True
