@@ -42,9 +42,7 @@ from haltwire.config import Label
 from haltwire.identity import Identity
 from haltwire.refusal import Refusal, iso_utc
 from haltwire.store.counters import CounterStore, CountersUnavailable, Repeat, Streak, Tallies, Tally, TallyOp
-from haltwire.tripwires.detectors import Detector, Signal
-from haltwire.tripwires.detectors import load_detector as load
-from haltwire.tripwires.detectors import result_text as text_of
+from haltwire.tripwires.detectors import Detector, Signal, load_detector, result_text
 from haltwire.tripwires.rules import (
     ADMISSION_KINDS,
     HELD,
@@ -133,7 +131,7 @@ class Tripwires:
         #: The outcome rules whose trips are held in the store (enforced, with shared counters).
         self._held = [r for r in self._results if r.mode == "enforce"] if hold_s is not None else []
         self._detectors: dict[str, Detector] = {
-            r.name: load(r.detector) for r in active if r.kind == "content"
+            r.name: load_detector(r.detector) for r in active if r.kind == "content"
         }
         self._store = store
         self._writer = writer
@@ -309,7 +307,7 @@ class Tripwires:
                 if wire is None:
                     continue
                 try:
-                    signals = self._detectors[r.name].scan(text_of(wire))
+                    signals = self._detectors[r.name].scan(result_text(wire))
                 except Exception as exc:  # a model-based detector may fail: closed, like any tripwire
                     log.exception("detector %s failed on the result of %s", r.detector, tool)
                     signals = [Signal(r.detector, "detector_failed", f"{type(exc).__name__}: {exc}"[:160])]
@@ -329,7 +327,7 @@ class Tripwires:
             if r.kind == "policy_hits":
                 ops.append(Streak(count_key(r, identity, run), is_hit(wire, code), RUN_TTL_S))
             elif wire is not None:  # repeated_results: a refusal is no result
-                shown = normalized_text(text_of(wire))
+                shown = normalized_text(result_text(wire))
                 ops.append(
                     Repeat(
                         count_key(r, identity, run), digest([tool, bool(wire.get("isError")), shown]), RUN_TTL_S
