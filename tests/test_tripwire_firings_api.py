@@ -9,10 +9,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import anyio
 import httpx2
 import pytest
 
+from page_receiver import Receiver, receiving
 from plane_harness import bearer, full_plane
+from rules_harness import rules_plane
 
 pytestmark = pytest.mark.anyio
 
@@ -65,3 +68,18 @@ async def test_only_a_tripwire_may_record_a_firing(store: dict[str, Any]) -> Non
             r = await post(client, bad)
             assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_request"), r.text
         assert not [a for a in await stores.audit.records() if a.action == "stop.shadow"]
+
+
+async def test_a_firing_is_paged_once_as_a_shadow_firing(store: dict[str, Any]) -> None:
+    receiver = Receiver()
+    async with receiving(receiver) as hook:
+        notify = [{"name": "oncall", "kind": "webhook", "url": f"{hook}/hook", "on": ["shadow"]}]
+        async with rules_plane(store, notify=notify) as plane:
+            body = firing("tenant:acme")
+            for _ in range(2):  # the repeat of a lost answer pages no one again
+                assert (await post(plane.client, body)).status_code == 200
+            await receiver.wait(pages=1)
+            await anyio.sleep(0.7)  # past the sender's poll: nothing more comes
+    ((_, page, _),) = receiver.pages
+    assert (page["event"], page["subject"], page["scope"]) == ("shadow", "tripwire-abc", "tenant:acme")
+    assert page["rule"] == "refunds-per-run" and page["reason"].startswith("would have stopped tenant:acme")

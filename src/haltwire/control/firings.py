@@ -5,7 +5,7 @@ the would-be firing (``POST /v1/tripwire-firings``, role ``tripwire``), and ``re
 as one ``stop.shadow`` audit record (the action the control plane's own shadow rules use), its
 target the scope it would have stopped, with the rule, its kind, when it would have fired
 (``fired_at``, the gateway's clock) and, for a run, the run's id, so the run report's timeline
-shows it. A gateway retries a report whose answer it lost: the firing id makes a repeat harmless.
+shows it, and it is paged as a shadow firing (``[[notify]]``). A gateway retries a report whose answer it lost: the firing id makes a repeat harmless.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Final
 
 from haltwire.control.config import Caller
 from haltwire.control.errors import invalid
+from haltwire.control.pages import Event, page
 from haltwire.control.plane import Plane
 from haltwire.scope import Scope, ScopeError
 
@@ -57,4 +58,10 @@ async def record(plane: Plane, caller: Caller, firing: Firing) -> bool:
             fired_at=firing.fired_at,
             **run,
         )
+        # On-call hears of it too (``[[notify]]`` receivers that want shadow firings).
+        shadow = Event(
+            "shadow", firing.firing_id, str(scope), f"would have stopped {scope}: {firing.reason}",
+            caller.name, firing.fired_at, rule=firing.rule, detail={"kind": firing.kind},
+        )  # fmt: skip
+        await page(plane, shadow)
     return True
