@@ -38,6 +38,8 @@ def config(
     upstream: str, cp: str, rules: list[dict[str, Any]], stops_url: str | None = None
 ) -> dict[str, Any]:
     data = gateway_config(upstream, cp)
+    # Nothing here is about staleness: a bound that a loaded machine's watch cannot miss.
+    data["control"]["staleness_s"] = 15.0
     data["leases"] = LEASES
     data["tripwires"] = rules
     data["tripwire_stops"] = {"url": stops_url or cp, "token": "tok-tripwire"}
