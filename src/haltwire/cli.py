@@ -255,7 +255,12 @@ def _demo(args: argparse.Namespace) -> int:
 def _tripwires_test(args: argparse.Namespace) -> int:
     from haltwire.tripwires.backtest import main as backtest
 
-    return backtest(args)
+    try:
+        rules = load_config(args.config).tripwires
+    except ConfigError as exc:
+        print(f"haltwire tripwires test: {exc}", file=sys.stderr)
+        return 2
+    return backtest(args, rules)
 
 
 def build_parser() -> argparse.ArgumentParser:

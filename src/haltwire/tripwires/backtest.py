@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 
 from haltwire.identity import Identity
-from haltwire.refusal import Refusal
+from haltwire.refusal import Refusal, iso_utc
 from haltwire.store.counters.memory import MemoryCounters
 from haltwire.tripwires.calllog import CURRENT, Entry, firing
 from haltwire.tripwires.engine import Tripwires
@@ -193,13 +193,10 @@ def report(calls: list[Call]) -> dict[str, Any]:
     return {"calls": len(calls), "firings": rows, "same": not differs, "differs_at": differs}
 
 
-def main(args: argparse.Namespace) -> int:
-    from haltwire.gateway.config import load_config
-    from haltwire.refusal import iso_utc
-
-    config = load_config(args.config)
+def main(args: argparse.Namespace, rules: Sequence[TripwireRule]) -> int:
+    """The command, with the rules of ``args.config`` (the CLI reads the gateway's config)."""
     try:
-        calls = anyio.run(replay, config.tripwires, args.log, True)
+        calls = anyio.run(replay, rules, args.log, True)
     except (MalformedLog, OSError) as exc:
         print(f"haltwire tripwires test: {exc}", file=sys.stderr)
         return 2
@@ -207,7 +204,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
     else:
-        print(f"{out['calls']} calls replayed through {len(config.tripwires)} rules")
+        print(f"{out['calls']} calls replayed through {len(rules)} rules")
         print(f"{'rule':<20} {'mode':<8} {'scope':<24} {'when':<25} {'call':>6} {'tool':<16} {'run':<16} log")
         for f in out["firings"]:
             seen = "not replayed" if f.get("replayed") is False else ("match" if f["in_log"] else "differs")
