@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -195,6 +196,8 @@ def report(calls: list[Call]) -> dict[str, Any]:
 
 def main(args: argparse.Namespace, rules: Sequence[TripwireRule]) -> int:
     """The command, with the rules of ``args.config`` (the CLI reads the gateway's config)."""
+    if not getattr(args, "verbose", False):  # the table says what fired; not a warning per firing
+        logging.getLogger("haltwire.tripwires").setLevel(logging.ERROR)
     try:
         calls = anyio.run(replay, rules, args.log, True)
     except (MalformedLog, OSError) as exc:
@@ -212,6 +215,8 @@ def main(args: argparse.Namespace, rules: Sequence[TripwireRule]) -> int:
                 f"{f['rule']:<20} {f['mode']:<8} {f['scope']:<24} {iso_utc(f['ts']):<25} "
                 f"{f['index']:>6} {f['tool']:<16} {f['run']!s:<16} {seen}"
             )
-        print("same firings as recorded" if out["same"] else f"firings differ at calls {out['differs_at']}")
+        differs = out["differs_at"]
+        more = f" and {len(differs) - 20} more" if len(differs) > 20 else ""
+        print("same firings as recorded" if not differs else f"firings differ at calls {differs[:20]}{more}")
     return 1 if args.expect_same and not out["same"] else 0
 
