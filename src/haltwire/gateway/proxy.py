@@ -62,7 +62,7 @@ from haltwire.meta import LEASE_META
 from haltwire.refusal import Refusal
 from haltwire.store.counters import CountersUnavailable
 from haltwire.tokens import LeaseClaims
-from haltwire.tripwires.calllog import CURRENT, CallLog, outcome_of, reached
+from haltwire.tripwires.calllog import CURRENT, CallLog, reached
 from haltwire.tripwires.engine import Tripwires
 from haltwire.upstreams import Progress, Route, Upstreams, UpstreamUnavailable
 from haltwire.watch import StopWatch
@@ -186,7 +186,7 @@ class Gateway:
             if lease is not None and meta is not None and LEASE_META in meta:
                 meta = without_lease(meta)  # the token is this gateway's, not the upstream's
         run = lease.run if lease is not None else None
-        if (entry := CURRENT.get()) is not None:
+        if (entry := CURRENT.get() if self.call_log is not None else None) is not None:
             entry.run = run
         if self.stops is not None and (stopped := stop_refusal(self.stops, identity, name, lease)) is not None:
             return stopped  # before routing and ceilings: a stopped call consumes nothing
@@ -201,12 +201,12 @@ class Gateway:
             result = await self._admitted(identity, name, arguments, meta, progress, lease, run)
         except MCPError:
             # The upstream's JSON-RPC error (passed on as is), or an unknown tool: an error outcome.
-            if entry is not None:
-                entry.outcome, entry.result = "error", FAILED
+            if entry is not None and self.call_log is not None:
+                self.call_log.outcome(entry, FAILED)
             await tripwires.settle(identity, name, run, FAILED)
             raise
-        if entry is not None:
-            entry.outcome, entry.result = outcome_of(result)  # before the judgement replaces it
+        if entry is not None and self.call_log is not None:
+            self.call_log.outcome(entry, result)  # before the judgement replaces it
         return await tripwires.settle(identity, name, run, result)
 
     async def _admitted(
@@ -224,7 +224,8 @@ class Gateway:
         desk = None
         if route is None and (desk := self._status_tool(name)) is None:
             raise UnknownTool(name)
-        reached("routed")
+        if self.call_log is not None:
+            reached("routed")
         tripwires = self.tripwires
         plan = None if tripwires is None else tripwires.plan(identity, name, run, arguments)
         if isinstance(plan, Refusal):
@@ -233,7 +234,8 @@ class Gateway:
         ticket = await self.ceilings.admit(identity, name, run, () if plan is None else plan.ops)
         if isinstance(ticket, Refusal):
             return ticket
-        reached("admitted")
+        if self.call_log is not None:
+            reached("admitted")
         try:
             if plan is not None:
                 assert tripwires is not None

@@ -156,11 +156,16 @@ class CallLog:
     def begin(self, identity: Identity, tool: str, arguments: dict[str, Any] | None, label: Label | None) -> Entry:
         return Entry(self._clock(), identity, tool, label, arguments)
 
-    def end(self, entry: Entry, result: dict[str, Any] | Refusal | None, outcome: str | None = None) -> None:
-        """Queue the call's record (``result``: what the pipeline made of it, before the tripwires'
-        judgement of the outcome, unless already set)."""
+    def outcome(self, entry: Entry, result: dict[str, Any] | Refusal) -> None:
+        """What the pipeline made of the call, as the tripwires are about to judge it: the
+        record's outcome, and its ``ended`` (the time its judgement starts, for a replay)."""
         entry.ended = self._clock()
+        entry.outcome, entry.result = outcome_of(result)
+
+    def end(self, entry: Entry, result: dict[str, Any] | Refusal | None, outcome: str | None = None) -> None:
+        """Queue the call's record (``result``: its outcome, unless ``outcome`` was told)."""
         if entry.outcome is None:
+            entry.ended = self._clock()
             if result is None:
                 entry.outcome = outcome
             else:
