@@ -17,6 +17,7 @@ unknown result. Replaying a log with the config that wrote it gives the firings 
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import logging
 import sys
@@ -34,6 +35,8 @@ from haltwire.tripwires.engine import Tripwires
 from haltwire.tripwires.rules import TripwireRule
 from haltwire.tripwires.signal import Signal
 
+#: A call's events wait this long (past a later call's end) for calls that started before them.
+LAG_S = 300.0
 #: Progress on stderr every so many calls.
 PROGRESS_EVERY = 100_000
 
@@ -44,12 +47,15 @@ class MalformedLog(ValueError):
 
 @dataclass
 class Call:
+    """One call of the log: where it is, what the log says fired on it, what fired in the replay."""
+
     index: int
     where: str
-    record: dict[str, Any]
+    at: float
+    tool: str
+    run: str | None
     recorded: list[dict[str, Any]]
     fired: list[dict[str, Any]] = field(default_factory=list)
-    at: float = 0.0
 
     @property
     def same(self) -> bool:
@@ -57,6 +63,25 @@ class Call:
             return f["rule"], f.get("scope", "")
 
         return sorted(map(key, self.fired)) == sorted(map(key, self.recorded))
+
+
+@dataclass
+class _Pending:
+    """A call between its two moments in the replay: its admission, then its outcome's judgement."""
+
+    call: Call
+    record: dict[str, Any]
+    identity: Identity
+    entry: Entry
+    reads: list[float]
+    result: dict[str, Any] | Refusal | None = None
+
+
+@dataclass
+class Replayed:
+    calls: int = 0
+    #: The calls on which something fired, live or in the replay, in log order.
+    fired: list[Call] = field(default_factory=list)
 
 
 def records(paths: Sequence[str]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -100,41 +125,49 @@ def _nested(path: str, value: Any, into: dict[str, Any]) -> None:
 
 
 class Replay:
+    """The engine, and what it reads of the call it is at (its label, clock and signal kinds)."""
+
     def __init__(self, rules: Sequence[TripwireRule]) -> None:
-        self._times: list[float] = []
         self._detectors = {r.name: _Recorded(r.name) for r in rules if r.kind == "content"}
         self.store = MemoryCounters()
-        self.engine = Tripwires(
-            rules, self.store, clock=self._clock, labels=lambda tool: self._label, detectors=self._detectors
-        )
-        self._label: Any = None
+        self._at: _Pending | None = None
         self._fallback = 0.0
+        self.engine = Tripwires(rules, self.store, clock=self._clock, labels=self._label, detectors=self._detectors)
 
     def _clock(self) -> float:
-        return self._times.pop(0) if self._times else self._fallback
+        at = self._at
+        return at.reads.pop(0) if at is not None and at.reads else self._fallback
 
-    async def call(self, index: int, where: str, r: dict[str, Any]) -> Call:
-        call = Call(index, where, r, list(r.get("tripwires") or []), at=float(r["ts"]))
+    def _label(self, tool: str) -> Any:
+        return self._at.record.get("label") if self._at is not None else None
+
+    def pending(self, index: int, where: str, r: dict[str, Any]) -> _Pending:
         i = r["identity"]
         identity = Identity(str(i["agent"]), str(i.get("tenant", "default")), str(i.get("version", "0")))
-        tool, run, stage, outcome = str(r["tool"]), r.get("run"), r["stage"], str(r["outcome"])
-        self._label, self._times, self._fallback = r.get("label"), list(r.get("reads") or []), float(r["ts"])
-        kinds = {f["rule"]: list(f.get("kinds") or []) for f in call.recorded if "kinds" in f}
+        call = Call(index, where, float(r["ts"]), str(r["tool"]), r.get("run"), list(r.get("tripwires") or []))
+        entry = Entry(call.at, identity, call.tool, None, None)
+        return _Pending(call, r, identity, entry, [float(t) for t in r.get("reads") or []])
+
+    async def step(self, p: _Pending, admit: bool) -> None:
+        """The call's admission (at its start), or the judgement of its outcome (at its end)."""
+        self._at, self._fallback = p, float(p.record["ts"] if admit else p.record.get("ended") or p.record["ts"])
+        kinds = {f["rule"]: list(f.get("kinds") or []) for f in p.call.recorded if "kinds" in f}
         for d in self._detectors.values():
             d.kinds = kinds
-        entry = Entry(call.at, identity, tool, None, None)
-        token = CURRENT.set(entry)  # the engine's firings are noted in it, as in the gateway
+        token = CURRENT.set(p.entry)  # the engine's firings are noted in it, as in the gateway
         try:
-            await self._judge(identity, tool, run, stage, outcome, r)
+            if admit:
+                await self._admit(p)
+            elif p.result is not None:
+                await self.engine.settle(p.identity, p.call.tool, p.call.run, p.result)
         finally:
             CURRENT.reset(token)
-        call.fired = [firing(t) for t in entry.fired]
-        return call
+            self._at = None
 
-    async def _judge(
-        self, identity: Identity, tool: str, run: str | None, stage: str, outcome: str, r: dict[str, Any]
-    ) -> None:
-        engine = self.engine
+    async def _admit(self, p: _Pending) -> None:
+        """As far as the live call went (``p.result``: the outcome to judge, None: none)."""
+        engine, r, identity, tool, run = self.engine, p.record, p.identity, p.call.tool, p.call.run
+        stage, outcome = str(r["stage"]), str(r["outcome"])
         if stage == "gate" or engine.latched(identity, tool, run) is not None:
             return
         if stage == "latch" and outcome == "tripwire_tripped":
@@ -144,54 +177,72 @@ class Replay:
         if outcome not in ("ok", "error", "cancelled") and result is None:
             result = Refusal(outcome, "(replayed)", False)
         if stage == "latch":
-            result = wire  # an unknown tool: an error
-        else:
-            arguments: dict[str, Any] = {"args_sha256": r.get("args_sha256")}
-            for path, value in (r.get("amounts") or {}).items():
-                _nested(path, value, arguments)
-            plan = engine.plan(identity, tool, run, arguments)
-            if isinstance(plan, Refusal):
-                result = plan
-            elif stage == "routed" and outcome != "tripwire_tripped":
-                pass  # a ceiling refused it: nothing counted
-            else:
-                refused = None
-                if plan is not None:
-                    refused = engine.judge(plan, await self.store.tally(plan.ops, plan.now))
-                if refused is not None:
-                    result = refused
-                elif outcome == "tripwire_tripped":
-                    result = {"isError": False, "content": []}  # refused live, admitted here
-        if result is None:
+            p.result = wire  # an unknown tool: an error
             return
-        self._fallback = float(r.get("ended") or r["ts"])
-        await engine.settle(identity, tool, run, result)
+        arguments: dict[str, Any] = {"args_sha256": r.get("args_sha256")}
+        for path, value in (r.get("amounts") or {}).items():
+            _nested(path, value, arguments)
+        plan = engine.plan(identity, tool, run, arguments)
+        if isinstance(plan, Refusal):
+            result = plan
+        elif stage == "admitted" or outcome == "tripwire_tripped":  # else a ceiling refused it
+            refused = None
+            if plan is not None:
+                refused = engine.judge(plan, await self.store.tally(plan.ops, plan.now))
+            if refused is not None:
+                result = refused
+            elif outcome == "tripwire_tripped":
+                result = {"isError": False, "content": []}  # refused live, admitted here
+        p.result = result
 
 
-async def replay(rules: Sequence[TripwireRule], paths: Sequence[str], progress: bool = False) -> list[Call]:
-    """Every call of the logs, with what fired on it in the replay and in the live run."""
+async def replay(rules: Sequence[TripwireRule], paths: Sequence[str], progress: bool = False) -> Replayed:
+    """Every call of the logs through the rules. Each call is admitted at its start and judged at
+    its end, in the order of those times across calls (a log is written in the order calls end;
+    calls still open ``LAG_S`` before a call's end are taken in that order)."""
     rp = Replay(rules)
-    calls: list[Call] = []
+    out = Replayed()
+    events: list[tuple[float, int, bool, _Pending]] = []  # (when, order, admission, call)
+    seq = 0
+
+    async def until(t: float) -> None:
+        while events and events[0][0] <= t:
+            _, _, admit, p = heapq.heappop(events)
+            try:
+                await rp.step(p, admit)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise MalformedLog(f"{p.call.where}: not a call record ({type(exc).__name__}: {exc})") from None
+            if not admit:
+                p.call.fired = [firing(t) for t in p.entry.fired]
+                if p.call.fired or p.call.recorded:
+                    out.fired.append(p.call)
+
     for index, (where, record) in enumerate(records(paths)):
         try:
-            calls.append(await rp.call(index, where, record))
+            p = rp.pending(index, where, record)
         except (KeyError, TypeError, ValueError) as exc:
             raise MalformedLog(f"{where}: not a call record ({type(exc).__name__}: {exc})") from None
+        heapq.heappush(events, (p.call.at, seq, True, p))
+        heapq.heappush(events, (float(record.get("ended") or p.call.at), seq + 1, False, p))
+        seq += 2
+        await until(float(record.get("ended") or p.call.at) - LAG_S)
+        out.calls += 1
         if progress and index and index % PROGRESS_EVERY == 0:
             print(f"{index} calls replayed", file=sys.stderr)
-    return calls
+    await until(float("inf"))
+    out.fired.sort(key=lambda c: c.index)
+    return out
 
 
-def report(calls: list[Call]) -> dict[str, Any]:
+def report(replayed: Replayed) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
+    calls = replayed.fired
     for c in calls:
-        if not c.fired and not c.recorded:
-            continue
-        base = {"index": c.index, "line": c.where, "ts": c.at, "tool": c.record["tool"], "run": c.record.get("run")}
+        base = {"index": c.index, "line": c.where, "ts": c.at, "tool": c.tool, "run": c.run}
         rows.extend({**base, **f, "in_log": any(g["rule"] == f["rule"] for g in c.recorded)} for f in c.fired)
         rows.extend({**base, **g, "replayed": False} for g in c.recorded if all(f["rule"] != g["rule"] for f in c.fired))
     differs = [c.index for c in calls if not c.same]
-    return {"calls": len(calls), "firings": rows, "same": not differs, "differs_at": differs}
+    return {"calls": replayed.calls, "firings": rows, "same": not differs, "differs_at": differs}
 
 
 def main(args: argparse.Namespace, rules: Sequence[TripwireRule]) -> int:
