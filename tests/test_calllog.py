@@ -195,6 +195,39 @@ async def test_each_kind_replays_to_the_firings_it_had(tmp_path: Path, kind: str
     records = lines(log_path)
     recorded = [(i, f["rule"]) for i, r in enumerate(records) for f in r.get("tripwires", [])]
     assert recorded, "the rule fired live"
-    calls = await replay(parse_config(data).tripwires, [str(log_path)])
-    assert [(c.index, f["rule"]) for c in calls for f in c.fired] == recorded
-    assert report(calls)["same"]
+    replayed = await replay(parse_config(data).tripwires, [str(log_path)])
+    assert [(c.index, f["rule"]) for c in replayed.fired for f in c.fired] == recorded
+    assert report(replayed)["same"] and replayed.calls == len(records)
+
+
+@pytest.mark.anyio
+async def test_concurrent_calls_replay_in_the_order_the_gateway_took_them(tmp_path: Path) -> None:
+    # Calls of one run overlap, and end in the reverse order they started: the log is written in
+    # the order they end, the replay admits each at its start and judges it at its end. (The
+    # rule's stop reaches the calls still in flight: they end "stopped", past their admission.)
+    rules = [
+        {"name": "steps", "kind": "steps", "limit": 4, "tools": ["sleep"]},
+        {"name": "same", "kind": "repeated_results", "in_a_row": 3, "mode": "shadow"},
+    ]
+    log_path = tmp_path / "calls.jsonl"
+    async with AsyncExitStack() as s:
+        cp = await s.enter_async_context(control_plane(tmp_path / "control.db"))
+        _, up = await s.enter_async_context(running_upstream())
+        data = config(up, cp, rules)
+        data["call_log"] = {"path": str(log_path), "flush_s": 0.05}
+        _, url = await s.enter_async_context(running_gateway(data))
+        client = await s.enter_async_context(connect(url, TOKENS["ops-bot"]))
+
+        async def call(seconds: float) -> None:
+            await outcome(client, "overlap", "sleep", seconds=seconds)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(6):
+                tg.start_soon(call, 0.6 - 0.1 * i)
+                await anyio.sleep(0.02)
+    records = lines(log_path)
+    assert [r["ts"] for r in records] != sorted(r["ts"] for r in records)  # not logged in start order
+    recorded = [(i, f["rule"]) for i, r in enumerate(records) for f in r.get("tripwires", [])]
+    assert [rule for _, rule in recorded] == ["steps"]  # its stop then cut the calls in flight
+    replayed = await replay(parse_config(data).tripwires, [str(log_path)])
+    assert [(c.index, f["rule"]) for c in replayed.fired for f in c.fired] == recorded
