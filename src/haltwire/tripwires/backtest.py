@@ -84,22 +84,30 @@ class Replayed:
     fired: list[Call] = field(default_factory=list)
 
 
+def _lines(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{n}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise MalformedLog(f"{where}: not JSON ({exc.msg})") from None
+            if not isinstance(record, dict):
+                raise MalformedLog(f"{where}: not a call record (not an object)")
+            missing = [k for k in ("ts", "identity", "tool", "stage", "outcome") if k not in record]
+            if missing:
+                raise MalformedLog(f"{where}: not a call record (missing {', '.join(missing)})")
+            if not all(isinstance(record.get(k, 0), int | float) for k in ("ts", "ended")):
+                raise MalformedLog(f"{where}: not a call record (ts and ended are times)")
+            yield where, record
+
+
 def records(paths: Sequence[str]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Each record of the logs in order, with its ``file:line``."""
-    for path in paths:
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{n}"
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise MalformedLog(f"{where}: not JSON ({exc.msg})") from None
-                missing = [k for k in ("ts", "identity", "tool", "stage", "outcome") if k not in record]
-                if not isinstance(record, dict) or missing:
-                    raise MalformedLog(f"{where}: not a call record (missing {', '.join(missing) or 'fields'})")
-                yield where, record
+    """The records of the logs, with their ``file:line``, merged in the order their calls ended:
+    a gateway's rotated files, or the logs of several gateways on the same counters."""
+    return heapq.merge(*map(_lines, paths), key=lambda wr: float(wr[1].get("ended") or wr[1]["ts"]))
 
 
 class _Recorded:
