@@ -98,6 +98,16 @@ async def test_the_refund_incident_replayed_fires_at_the_same_call(tmp_path: Pat
     # The shadow rule fired on the quiet run's failures, live and replayed alike.
     assert ("errors", len(seen) - 1) in replayed
 
+    # The same calls as the logs of two gateways: merged in the order the calls ended.
+    text = log_path.read_text().splitlines(keepends=True)
+    (tmp_path / "a.jsonl").write_text("".join(text[0::2]))
+    (tmp_path / "b.jsonl").write_text("".join(text[1::2]))
+    both = backtest(config_path, tmp_path / "b.jsonl", tmp_path / "a.jsonl")
+    assert both.returncode == 0, both.stderr
+    assert [(f["rule"], f["index"]) for f in json.loads(both.stdout)["firings"]] == [
+        (f["rule"], f["index"]) for f in report["firings"]
+    ]
+
     # Other rules on the same log: a tighter limit fires earlier, and the log no longer matches.
     tighter = {**data, "tripwires": [{**RULES[0], "limit": 3}]}
     config_path.write_text(tomli_w.dumps(tighter))
