@@ -14,7 +14,8 @@ and spacing do not matter), the amounts at the money rules' paths (``amounts``),
 
 Cost per call: a record is appended to a buffer; digests, JSON and the file are a flush's work,
 in a worker thread, every ``flush_s`` (and at shutdown). A crash loses at most the records of the
-last ``flush_s`` (and at most ``max_buffered``: past it, records are dropped and counted). The
+last ``flush_s`` (and at most ``max_buffered``: past it, records are dropped and counted, as
+are records a failed write loses: the log never stops the gateway). The
 file is created 0600; past ``max_bytes`` it is rotated like ``logging.handlers.RotatingFileHandler``
 (``FILE.1`` .. ``FILE.<backups>``, the oldest deleted). Without ``[call_log]`` nothing of this runs.
 """
@@ -212,8 +213,13 @@ class CallLog:
     async def flush(self) -> None:
         async with self._lock:  # one writer of the file at a time (a flush, the last one)
             batch, self._buffer = self._buffer, []
-            if batch:
+            if not batch:
+                return
+            try:
                 await anyio.to_thread.run_sync(self._write, batch)
+            except OSError as exc:  # a full disk, say: the gateway goes on serving, without the log
+                self.dropped += len(batch)
+                log.error("call log: %d records not written (%s)", len(batch), exc)
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
@@ -233,7 +239,12 @@ class CallLog:
             self._open()
         s = self.section
         for entry in batch:
-            line = (json.dumps(self.record(entry), separators=(",", ":"), default=str) + "\n").encode()
+            try:
+                line = (json.dumps(self.record(entry), separators=(",", ":"), default=str) + "\n").encode()
+            except (TypeError, ValueError, RuntimeError) as exc:  # arguments that cannot be written
+                self.dropped += 1
+                log.error("call log: a record of %s not written (%s)", entry.tool, exc)
+                continue
             if s.max_bytes and s.backups and self._size and self._size + len(line) > s.max_bytes:
                 self._rotate()
             assert self._file is not None
