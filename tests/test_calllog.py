@@ -25,6 +25,7 @@ from haltwire.gateway.config import parse_config
 from haltwire.identity import Identity
 from haltwire.tripwires.backtest import replay, report
 from haltwire.tripwires.calllog import CallLog, CallLogSection
+from haltwire.tripwires.rules import digest
 from harness import TOKENS, connect, running_gateway, running_upstream
 from test_gateway_stops import control_plane
 from test_tripwires_gateway import KINDS, config, outcome
@@ -241,3 +242,23 @@ async def test_concurrent_calls_replay_in_the_order_the_gateway_took_them(tmp_pa
     assert [rule for _, rule in recorded] == ["steps"]  # its stop then cut the calls in flight
     replayed = await replay(parse_config(data).tripwires, [str(log_path)])
     assert [(c.index, f["rule"]) for c in replayed.fired for f in c.fired] == recorded
+
+
+@pytest.mark.anyio
+async def test_a_failed_write_drops_its_records_and_the_gateway_goes_on(tmp_path: Path) -> None:
+    log = CallLog(CallLogSection(path=str(tmp_path / "calls.jsonl")), [], lambda: 1.0)
+    entry(log, 1)
+    await log.flush()
+    assert log._file is not None
+    os.close(log._file)  # the file gone from under it (EBADF on the next write)
+    entry(log, 2)
+    entry(log, 3)
+    await log.flush()
+    assert log.dropped == 2
+    log._file = None
+    entry(log, 4)
+    await log.flush()
+    await log.aclose()
+    assert [r["args_sha256"] for r in lines(tmp_path / "calls.jsonl")] == [
+        digest(["lookup_order", {"order_id": f"A-{n}"}]) for n in (1, 4)
+    ]
