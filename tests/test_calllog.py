@@ -21,6 +21,7 @@ import anyio
 import pytest
 import tomli_w
 
+from haltwire.config import ConfigError
 from haltwire.gateway.config import parse_config
 from haltwire.identity import Identity
 from haltwire.tripwires.backtest import replay, report
@@ -262,3 +263,12 @@ async def test_a_failed_write_drops_its_records_and_the_gateway_goes_on(tmp_path
     assert [r["args_sha256"] for r in lines(tmp_path / "calls.jsonl")] == [
         digest(["lookup_order", {"order_id": f"A-{n}"}]) for n in (1, 4)
     ]
+
+
+def test_call_log_keys_are_checked() -> None:
+    base: dict[str, Any] = {"upstreams": [{"name": "u", "url": "http://127.0.0.1:1/mcp"}]}
+    assert parse_config(base).call_log is None
+    assert parse_config({**base, "call_log": {"path": "calls.jsonl"}}).call_log == CallLogSection(path="calls.jsonl")
+    for wrong in ({}, {"path": ""}, {"path": "x", "max_bytes": -1}, {"path": "x", "flush_s": 0}, {"path": "x", "what": 1}):
+        with pytest.raises(ConfigError, match="call_log"):
+            parse_config({**base, "call_log": wrong})
