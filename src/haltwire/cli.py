@@ -252,6 +252,17 @@ def _demo(args: argparse.Namespace) -> int:
     return status
 
 
+def _tripwires_test(args: argparse.Namespace) -> int:
+    from haltwire.tripwires.backtest import main as backtest
+
+    try:
+        rules = load_config(args.config).tripwires
+    except ConfigError as exc:
+        print(f"haltwire tripwires test: {exc}", file=sys.stderr)
+        return 2
+    return backtest(args, rules)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="haltwire", description="Stops AI agents that must stop.")
     parser.add_argument("--version", action="version", version=f"haltwire {__version__}")
@@ -286,6 +297,15 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("agents", nargs="+", metavar="AGENT")
         sp.add_argument("--file", required=True, help="the gateway's gateway.suspended_file")
         sp.set_defaults(func=_suspend)
+
+    tw = sub.add_parser("tripwires", help="per-call tripwires: backtest rules on call logs")
+    tws = tw.add_subparsers(dest="tripwires_command", required=True)
+    t = tws.add_parser("test", help="replay call logs ([call_log]) through the config's [[tripwires]]")
+    t.add_argument("--config", required=True, help="the gateway's TOML config file, with [[tripwires]]")
+    t.add_argument("--log", required=True, action="append", help="a call log (repeat, oldest first)")
+    t.add_argument("--json", action="store_true", help="print the report as JSON")
+    t.add_argument("--expect-same", action="store_true", help="exit 1 if the firings differ from the log's")
+    t.set_defaults(func=_tripwires_test)
 
     from haltwire.control.operator import add_parsers
 

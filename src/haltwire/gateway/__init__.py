@@ -34,6 +34,7 @@ from haltwire.store.idempotency.memory import MemoryIdempotency
 from haltwire.store.idempotency.redis import RedisIdempotency
 from haltwire.store.idempotency.sqlite import SqliteIdempotency
 from haltwire.store.redis import redis_client
+from haltwire.tripwires.calllog import CallLog, recording
 from haltwire.tripwires.engine import RUN_TTL_S, Tripwires
 from haltwire.tripwires.writer import StopWriter
 from haltwire.upstreams import UpstreamError, Upstreams
@@ -141,7 +142,12 @@ def create_app(
         identities = [i.identity() for i in config.identities]
         credentials = CredentialEdge(keys, config.broker.audience, identities, clock=clock)
     issuer = IssuerEdge(config.issuer, clock=clock) if config.issuer is not None else None
-    tripwires, writer = tripwires_of(config, store, stops, upstreams, clock)
+    call_log = None
+    if config.call_log is not None:
+        paths = [r.amount for r in config.tripwires if r.amount is not None]
+        call_log = CallLog(config.call_log, paths, clock)
+    # With a call log, the times the tripwires read are recorded, for a backtest to replay.
+    tripwires, writer = tripwires_of(config, store, stops, upstreams, recording(clock) if call_log else clock)
     gateway = Gateway(
         upstreams,
         Ceilings(config, store, clock=clock, labels=upstreams.label),
@@ -152,6 +158,7 @@ def create_app(
         intents,
         inflight,
         tripwires,
+        call_log,
     )
 
     async def startup(stack: AsyncExitStack) -> None:
@@ -164,6 +171,9 @@ def create_app(
         stack.callback(retries.cancel_scope.cancel)
         await store.start(retries)
         await idempotency.store.start(retries)
+        if call_log is not None:
+            stack.push_async_callback(call_log.aclose)  # the last records, written at shutdown
+            await retries.start(call_log.run)  # an unwritable path is a start-up error
         if writer is not None:
             # Owned by the same group: cancelled at shutdown, logging any stop not yet written.
             stack.push_async_callback(writer.aclose)

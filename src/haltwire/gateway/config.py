@@ -27,6 +27,7 @@ from haltwire.credentials import ISSUER as CREDENTIAL_ISSUER
 from haltwire.gateway.hosts import host_entry, origin_entry
 from haltwire.identity import Identity, IdentityKey, RefuseAt, TokenTable
 from haltwire.listener import ListenerLimits
+from haltwire.tripwires.calllog import CallLogSection
 from haltwire.tripwires.rules import TripwireRule, TripwireStops, check_tripwires
 
 
@@ -273,6 +274,8 @@ class GatewayConfig(ConfigModel):
     #: Per-call tripwire rules (``haltwire.tripwires.rules``); none: no per-call work.
     tripwires: list[TripwireRule] = Field(default_factory=list)
     tripwire_stops: TripwireStops | None = None
+    #: One record per call, for ``haltwire tripwires test`` (``haltwire.tripwires.calllog``).
+    call_log: CallLogSection | None = None
 
     @property
     def intents_on(self) -> bool:

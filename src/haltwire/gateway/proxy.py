@@ -30,6 +30,11 @@ or refusal is known (any after the stop check: a ceiling's refusal is a policy h
 hits, repeated results and content signals judge it (a JSON-RPC error from the upstream, or an
 unknown tool, as an error result), and a content signal replaces the result. A tripwire's own
 refusal is not judged again.
+
+With ``[call_log]`` (``haltwire.tripwires.calllog``), each call is recorded once its outcome is
+known: how far it got (refused before the tripwires, before routing, at admission, or admitted),
+its outcome before the tripwires' judgement of it, and what fired; the record is appended to a
+buffer that a task of the gateway's writes out.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from haltwire.meta import LEASE_META
 from haltwire.refusal import Refusal
 from haltwire.store.counters import CountersUnavailable
 from haltwire.tokens import LeaseClaims
+from haltwire.tripwires.calllog import CURRENT, CallLog, reached
 from haltwire.tripwires.engine import Tripwires
 from haltwire.upstreams import Progress, Route, Upstreams, UpstreamUnavailable
 from haltwire.watch import StopWatch
@@ -87,8 +93,11 @@ class Gateway:
         intents: IntentDesk | None = None,
         inflight: InFlight | None = None,
         tripwires: Tripwires | None = None,
+        call_log: CallLog | None = None,
     ) -> None:
         self.upstreams = upstreams
+        #: Where each call is recorded (``[call_log]``); None: nothing is.
+        self.call_log = call_log
         #: Per-call tripwire rules; None (no rule on): no tripwire work per call.
         self.tripwires = tripwires
         #: Calls in flight, for new stops to reach (with ``[control]``); None: no stop reaches them.
@@ -135,6 +144,33 @@ class Gateway:
         for the lease (its run is the call's run), and any lease token is then ignored.
         Raises ``UnknownTool`` (a JSON-RPC error) for a name no upstream offers.
         """
+        calls = self.call_log
+        if calls is None:
+            return await self._call(identity, name, arguments, meta, progress, lease_header, credential)
+        entry = calls.begin(identity, name, arguments, self.upstreams.label(name))
+        token = CURRENT.set(entry)
+        result: dict[str, Any] | Refusal | None = None
+        outcome = "cancelled"
+        try:
+            result = await self._call(identity, name, arguments, meta, progress, lease_header, credential)
+            return result
+        except MCPError:
+            result = FAILED
+            raise
+        finally:
+            CURRENT.reset(token)
+            calls.end(entry, result, outcome)
+
+    async def _call(
+        self,
+        identity: Identity,
+        name: str,
+        arguments: dict[str, Any] | None,
+        meta: dict[str, Any] | None,
+        progress: Progress | None,
+        lease_header: str | None,
+        credential: LeaseClaims | None,
+    ) -> dict[str, Any] | Refusal:
         if self.suspensions.is_suspended(identity.agent):
             return refusal.agent_suspended(identity.agent)
         lease: LeaseClaims | None = credential
@@ -150,8 +186,12 @@ class Gateway:
             if lease is not None and meta is not None and LEASE_META in meta:
                 meta = without_lease(meta)  # the token is this gateway's, not the upstream's
         run = lease.run if lease is not None else None
+        if (entry := CURRENT.get() if self.call_log is not None else None) is not None:
+            entry.run = run
         if self.stops is not None and (stopped := stop_refusal(self.stops, identity, name, lease)) is not None:
             return stopped  # before routing and ceilings: a stopped call consumes nothing
+        if entry is not None:
+            entry.stage = "latch"
         tripwires = self.tripwires
         if tripwires is None:
             return await self._admitted(identity, name, arguments, meta, progress, lease, run)
@@ -161,8 +201,12 @@ class Gateway:
             result = await self._admitted(identity, name, arguments, meta, progress, lease, run)
         except MCPError:
             # The upstream's JSON-RPC error (passed on as is), or an unknown tool: an error outcome.
+            if entry is not None and self.call_log is not None:
+                self.call_log.outcome(entry, FAILED)
             await tripwires.settle(identity, name, run, FAILED)
             raise
+        if entry is not None and self.call_log is not None:
+            self.call_log.outcome(entry, result)  # before the judgement replaces it
         return await tripwires.settle(identity, name, run, result)
 
     async def _admitted(
@@ -180,6 +224,8 @@ class Gateway:
         desk = None
         if route is None and (desk := self._status_tool(name)) is None:
             raise UnknownTool(name)
+        if self.call_log is not None:
+            reached("routed")
         tripwires = self.tripwires
         plan = None if tripwires is None else tripwires.plan(identity, name, run, arguments)
         if isinstance(plan, Refusal):
@@ -188,6 +234,8 @@ class Gateway:
         ticket = await self.ceilings.admit(identity, name, run, () if plan is None else plan.ops)
         if isinstance(ticket, Refusal):
             return ticket
+        if self.call_log is not None:
+            reached("admitted")
         try:
             if plan is not None:
                 assert tripwires is not None

@@ -33,7 +33,7 @@ import hashlib
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -42,6 +42,7 @@ from haltwire.config import Label
 from haltwire.identity import Identity
 from haltwire.refusal import Refusal, iso_utc
 from haltwire.store.counters import CounterStore, CountersUnavailable, Repeat, Streak, Tallies, Tally, TallyOp
+from haltwire.tripwires.calllog import noted
 from haltwire.tripwires.detectors import Detector, Signal, load_detector, result_text
 from haltwire.tripwires.rules import (
     ADMISSION_KINDS,
@@ -120,17 +121,19 @@ class Tripwires:
         clock: Clock = time.time,
         labels: LabelOf | None = None,
         hold_s: float | None = None,
+        detectors: Mapping[str, Detector] | None = None,
     ) -> None:
         """``hold_s``: with counters shared by several gateways, how long a trip judged on an
         outcome is held in the store too, so that every gateway refuses the scope (the budget
-        kinds need none: their counts refuse). None: this gateway's latch only."""
+        kinds need none: their counts refuse). None: this gateway's latch only. ``detectors``:
+        the content rules' detectors by rule name (a backtest's recorded signals), else loaded."""
         active = [r for r in rules if r.mode != "off"]
         self._admission = [r for r in active if r.kind in ADMISSION_KINDS]
         self._results = [r for r in active if r.kind in RESULT_KINDS]
         self._hold_s = hold_s
         #: The outcome rules whose trips are held in the store (enforced, with shared counters).
         self._held = [r for r in self._results if r.mode == "enforce"] if hold_s is not None else []
-        self._detectors: dict[str, Detector] = {
+        self._detectors = dict(detectors) if detectors is not None else {
             r.name: load_detector(r.detector) for r in active if r.kind == "content"
         }
         self._store = store
@@ -164,7 +167,7 @@ class Tripwires:
             if self._released(latch):
                 del self._latched[scope]
                 continue
-            return _refusal(latch.trip, run)
+            return latch.trip.refusal(run)
         return None
 
     def _released(self, latch: _Latch) -> bool:
@@ -406,6 +409,7 @@ class Tripwires:
             tuple(shown_note(n) for n in list(evidence)[-EVIDENCE_CALLS:]),
             told,
         )
+        noted(trip)  # in the call log's record of this call, if it is kept
         if rule.mode == "shadow":
             self.shadow_firings += 1
             self.fired.append(trip)
@@ -415,7 +419,7 @@ class Tripwires:
             return None
         self.trips.append(trip)
         if scope is None:  # a run rule's call without a run: refused, nothing to stop
-            return _refusal(trip, run)
+            return trip.refusal(run)
         log.warning("tripwire %s stopped %s: %s", rule.name, scope, detail)
         latch = self._latched[scope] = _Latch(trip)
         self._latched.move_to_end(scope)
@@ -427,7 +431,7 @@ class Tripwires:
             self._latched.popitem(last=False)
         if self._writer is not None:
             self._writer.write(trip)
-        return _refusal(trip, run)
+        return trip.refusal(run)
 
     def _evidence_of(self, key: str, note: Note | None) -> deque[Note]:
         """The calls counted under ``key`` at this gateway, with ``note`` added when given."""
@@ -442,8 +446,3 @@ class Tripwires:
             kept.append(note)
         return kept
 
-
-def _refusal(trip: Trip, run: str | None) -> Refusal:
-    if trip.scope.startswith("run:") and run is not None and trip.scope == f"run:{run}":
-        return refusal.tripwire_tripped(trip.rule, run, detail=trip.told or trip.detail)
-    return refusal.tripwire_tripped(trip.rule, run or "", scope=trip.scope, detail=trip.told or trip.detail)

@@ -32,8 +32,10 @@ from typing import Any, Final
 import anyio
 import anyio.abc
 
+from haltwire import refusal
 from haltwire.errors import describe
 from haltwire.limits import fitted
+from haltwire.refusal import Refusal
 from haltwire.replicas import ReplicaHttp, Unreachable
 from haltwire.watch import WHOAMI_PATH, Point, WrongRole, token_refused
 
@@ -74,6 +76,13 @@ class Trip:
             lines.append("evidence (calls that counted, at this gateway, newest last):")
             lines.extend(f"  {e}" for e in self.evidence)
         return fitted("\n".join(lines))
+
+    def refusal(self, run: str | None) -> Refusal:
+        """The refusal of a call in its scope (``told``, when given, instead of ``detail``)."""
+        told = self.told or self.detail
+        if self.scope.startswith("run:") and run is not None and self.scope == f"run:{run}":
+            return refusal.tripwire_tripped(self.rule, run, detail=told)
+        return refusal.tripwire_tripped(self.rule, run or "", scope=self.scope, detail=told)
 
 
 @dataclass(frozen=True, slots=True)
