@@ -509,9 +509,10 @@ async def bench_calls(
                 await throughput_block(clients[v], conc * 4, conc, VariantStats())
             for r in range(rounds):
                 order = names[r % len(names) :] + names[: r % len(names)]
-                if r % 2 and "haltwire" in order and TRIPWIRES in order:  # the pair, in both orders
+                if "haltwire" in order and TRIPWIRES in order:  # the pair, in turns in either order
                     i, j = order.index("haltwire"), order.index(TRIPWIRES)
-                    order[i], order[j] = order[j], order[i]
+                    if (i < j) != (r % 2 == 0):
+                        order[i], order[j] = order[j], order[i]
                 for v in order:
                     s = stats[v]
                     pid = servers[v].pid
