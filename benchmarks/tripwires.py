@@ -6,7 +6,8 @@ Run from the repository root::
     .venv/bin/python benchmarks/tripwires.py --redis redis://127.0.0.1:6379/0 --calls 5000
 
 For each store (``MemoryCounters``; ``RedisCounters`` under a unique key prefix, deleted
-afterwards) and each rule set (none; ``steps``; the four admission kinds; all six kinds), one
+afterwards) and each rule set (none; ``steps``; the four admission kinds; all six kinds; the five
+rules of ``benchmarks/gateway.py``'s tripwires row, ``FIVE``, and the same with a content rule), one
 call is what the pipeline does around its upstream: ``Tripwires.plan``, ``Ceilings.admit`` with
 the plan's counts, ``Tripwires.judge``, ``Ticket.release``, ``Tripwires.settle`` on a result.
 It prints p50/p99 in microseconds and the store's round trips per call (the ceilings here
@@ -16,7 +17,8 @@ On a shared 2-core machine (2026-12-02, 2,000 calls): memory p50 8 us without ru
 ``steps``, 40 us with the four admission kinds, 61 us with all six; Redis p50 0.41 ms without,
 0.48 ms with the admission kinds at the same 2 round trips per call (their counts go in the
 admission's script), 0.76 ms and 3 round trips with all six (the outcome's judgement is one
-more).
+more). The gateway benchmark's five: memory p50 56 us, 116 us with the content rule beside them
+(the built-in detector on a short result), which is why that row has five.
 """
 
 from __future__ import annotations
