@@ -11,12 +11,17 @@ It prints:
     ``MemoryCounters``), p50/p99 in microseconds;
 (b) the same on ``RedisCounters`` against ``--redis`` (a unique key prefix, deleted
     afterwards), with round trips per admission and per admit+release, both from the
-    store's own counter and counted on the wire;
+    store's own counter and counted on the wire; and what the five rules add to a call in
+    memory and in Redis (``benchmarks/tripwires.py``'s measurement);
 (c) ``tools/call`` latency (p50/p99, one call at a time) and throughput (several concurrent
     callers) on loopback, with the official MCP client, going
 
     - ``direct``: straight to the demo upstream;
     - ``haltwire``: through the gateway (memory counters, limits too large to refuse);
+    - ``haltwire+5tw``: the same with ``[leases]`` and five ``[[tripwires]]`` (steps and money
+      per run, a rate per tenant, policy hits in a row, repeated calls: ``tripwires.FIVE``),
+      the calls carrying a lease so that the run rules count them; its p50 against
+      ``haltwire``'s is a target (at most 1.10x: the script exits 1 past it);
     - ``bare``/``bare+schema``: a pass-through on the SDK's low-level ``Server`` with no checks,
       forwarding with one long-lived ``mcp.Client``; ``+schema`` supplies
       ``get_tool_input_schema`` (without it the SDK runs the server's own ``tools/list``
@@ -40,6 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import os
 import statistics
 import subprocess
@@ -56,14 +62,22 @@ from typing import Any
 import anyio
 import httpx2
 
+import tripwires as rule_cost
 from procs import HOST, free_port, load_average, pct, processes, spawn, wait_ready
 
 TOKEN = "tok-bench"
 AGENT = "bench-bot"
 TOOL = "lookup_order"
-ARGS = {"order_id": "1"}
-VARIANTS = ["direct", "haltwire", "bare", "bare+schema", "fastmcp"]
+#: Every call looks up another order (so the ``repeated_calls`` rule does not trip) and carries
+#: an amount (so the money rule counts it); the demo upstream ignores ``amount_cents``.
+AMOUNT_CENTS = 5
+VARIANTS = ["direct", "haltwire", "haltwire+5tw", "bare", "bare+schema", "fastmcp"]
+TRIPWIRES = "haltwire+5tw"
+#: The target: the five rules cost at most this much of haltwire's p50 without them.
+MAX_TRIPWIRE_RATIO = 1.10
+LEASE_SECRET = "bench-lease-key-never-in-production-0123456789"
 SCRIPT = str(Path(__file__).resolve())
+_orders = itertools.count(1)
 
 
 # --------------------------------------------------------------------------------------
@@ -164,7 +178,16 @@ async def serve_fastmcp(upstream: str, port: int) -> None:
         await serve_forever(app, listen(HOST, port))
 
 
-def gateway_config(upstream: str) -> str:
+def gateway_config(upstream: str, tripwires: bool = False) -> str:
+    extra = ""
+    if tripwires:
+        extra = f"""
+[[leases.keys]]
+kid = "bench"
+secret = "{LEASE_SECRET}"
+"""
+        for rule in rule_cost.FIVE:
+            extra += "\n[[tripwires]]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in rule.items())
     return f"""
 [gateway]
 development = true
@@ -184,7 +207,20 @@ token = "{TOKEN}"
 [[upstreams]]
 name = "demo"
 url = "{upstream}"
-"""
+{extra}"""
+
+
+def _toml(value: Any) -> str:
+    return f'"{value}"' if isinstance(value, str) else str(value)
+
+
+def lease_token() -> str:
+    """A lease for one run of the benchmark's identity, signed as the control plane signs them."""
+    from haltwire.tokens import LeaseClaims, LeaseKeys
+
+    keys = LeaseKeys({"bench": LEASE_SECRET.encode()}, signing="bench")
+    now = time.time()
+    return keys.sign(LeaseClaims(f"run-{uuid.uuid4().hex[:8]}", AGENT, "default", "0", 0, now, now + 86400))
 
 
 # --------------------------------------------------------------------------------------
@@ -348,13 +384,17 @@ class VariantStats:
 
 
 @contextlib.asynccontextmanager
-async def mcp_client(url: str) -> AsyncIterator[Any]:
-    """The official MCP client over streamable HTTP, with a bearer token, no response cache."""
+async def mcp_client(url: str, lease: str | None = None) -> AsyncIterator[Any]:
+    """The official MCP client over streamable HTTP, with a bearer token (and ``lease`` in the
+    ``Haltwire-Lease`` header on every request), no response cache."""
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
 
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    if lease is not None:
+        headers["Haltwire-Lease"] = lease
     http = httpx2.AsyncClient(
-        headers={"Authorization": f"Bearer {TOKEN}"},
+        headers=headers,
         timeout=httpx2.Timeout(30.0, read=60.0),
         limits=httpx2.Limits(max_connections=64, max_keepalive_connections=64),
     )
@@ -366,8 +406,9 @@ async def mcp_client(url: str) -> AsyncIterator[Any]:
 
 
 async def one_call(client: Any) -> bool:
-    result = await client.call_tool(TOOL, ARGS)
-    return not result.is_error and result.structured_content == {"order_id": "1", "status": "shipped"}
+    order = str(next(_orders))
+    result = await client.call_tool(TOOL, {"order_id": order, "amount_cents": AMOUNT_CENTS})
+    return not result.is_error and result.structured_content == {"order_id": order, "status": "shipped"}
 
 
 async def latency_block(client: Any, n: int, stats: VariantStats) -> None:
@@ -431,9 +472,13 @@ async def bench_calls(
         servers: dict[str, Proc] = {"direct": Proc("direct", upstream_mcp, procs[0])}
         cfg = workdir / "haltwire.toml"
         cfg.write_text(gateway_config(upstream_mcp))
+        cfg_tw = workdir / "haltwire-tripwires.toml"
+        cfg_tw.write_text(gateway_config(upstream_mcp, tripwires=True))
         serve = [py, me, "serve"]
+        gateway = [py, "-m", "haltwire", "gateway", "--port", "{port}", "--config"]
         commands: dict[str, list[str]] = {
-            "haltwire": [py, "-m", "haltwire", "gateway", "--config", str(cfg), "--port", "{port}"],
+            "haltwire": [*gateway, str(cfg)],
+            TRIPWIRES: [*gateway, str(cfg_tw)],
             "bare": [*serve, "bare", "--upstream", upstream_mcp, "--port", "{port}"],
             "bare+schema": [*serve, "bare", "--schema", "--upstream", upstream_mcp, "--port", "{port}"],
             "fastmcp": [*serve, "fastmcp", "--upstream", upstream_mcp, "--port", "{port}"],
@@ -451,13 +496,23 @@ async def bench_calls(
         names = [v for v in VARIANTS if v in opts.variants]
         stats = {v: VariantStats() for v in names}
         async with contextlib.AsyncExitStack() as stack, httpx2.AsyncClient(timeout=5.0) as http:
-            clients = {v: await stack.enter_async_context(mcp_client(servers[v].url)) for v in names}
+            lease = lease_token()
+            clients = {
+                v: await stack.enter_async_context(
+                    mcp_client(servers[v].url, lease if v == TRIPWIRES else None)
+                )
+                for v in names
+            }
             for v in names:  # warm-up: imports, connections, caches
                 for _ in range(warm):
                     await one_call(clients[v])
                 await throughput_block(clients[v], conc * 4, conc, VariantStats())
             for r in range(rounds):
                 order = names[r % len(names) :] + names[: r % len(names)]
+                if "haltwire" in order and TRIPWIRES in order:  # the pair, in turns in either order
+                    i, j = order.index("haltwire"), order.index(TRIPWIRES)
+                    if (i < j) != (r % 2 == 0):
+                        order[i], order[j] = order[j], order[i]
                 for v in order:
                     s = stats[v]
                     pid = servers[v].pid
@@ -513,6 +568,34 @@ def report_admission(mem: AdmitStats, red: AdmitStats | str, redis_url: str) -> 
         )
     print()
     return [("in-memory admission p99 < 50 µs", pct(mem.both_us, 0.99) < 50.0)]
+
+
+async def bench_rule_cost(redis_url: str, n: int) -> dict[str, tuple[list[float], list[float]]]:
+    """Per store: the seconds of a call without rules and with the five (``tripwires.measure``:
+    plan, admit, judge, release, settle)."""
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    stores = ["memory", "redis"] if rule_cost.redis_answers(redis_url) else ["memory"]
+    for kind in stores:
+        none, _ = await rule_cost.cost(kind, rule_cost.RULES["none"], n, redis_url)
+        five, _ = await rule_cost.cost(kind, rule_cost.RULES["gateway benchmark's five"], n, redis_url)
+        out[kind] = (none, five)
+    return out
+
+
+def report_rule_cost(costs: dict[str, tuple[list[float], list[float]]], redis_url: str) -> None:
+    names = ", ".join(str(r["name"]) for r in rule_cost.FIVE)
+    print(f"    the five tripwires' rules ({names}) per call, benchmarks/tripwires.py's measurement")
+    print("    (plan + admit + judge + release + settle, against the same without rules):")
+    for kind, (none, five) in costs.items():
+        us = [1e6 * x for x in none], [1e6 * x for x in five]
+        print(
+            f"      {kind:<6} without p50 {pct(us[0], 0.5):7.1f} µs  p99 {pct(us[0], 0.99):7.1f} µs;  "
+            f"with five p50 {pct(us[1], 0.5):7.1f} µs  p99 {pct(us[1], 0.99):7.1f} µs;  "
+            f"the rules: p50 +{pct(us[1], 0.5) - pct(us[0], 0.5):.1f} µs"
+        )
+    if "redis" not in costs:
+        print(f"      redis  skipped: Redis at {redis_url} does not answer")
+    print()
 
 
 def report_calls(
@@ -588,6 +671,24 @@ def report_calls(
             checks.append(("haltwire faster than fastmcp (throughput)", tput["haltwire"] > tput["fastmcp"]))
         if errors:
             checks.append(("every call answered correctly", False))
+    if "haltwire" in stats and TRIPWIRES in stats:
+        ratio = p50[TRIPWIRES] / p50["haltwire"]
+        per_round = [
+            t / h for t, h in zip(stats[TRIPWIRES].rounds_p50, stats["haltwire"].rounds_p50, strict=True)
+        ]
+        print()
+        print(
+            f"    haltwire + 5 tripwires ({TRIPWIRES}, with a lease) against haltwire without rules: "
+            f"p50 {ratio:.3f}x ({p50[TRIPWIRES]:.2f} against {p50['haltwire']:.2f} ms; per round "
+            f"{min(per_round):.2f}-{max(per_round):.2f}x), p99 {p99[TRIPWIRES] / p99['haltwire']:.2f}x, "
+            f"calls/s {tput[TRIPWIRES] / tput['haltwire']:.2f}x; target p50 <= {MAX_TRIPWIRE_RATIO:.2f}x"
+        )
+        checks.append(
+            (
+                f"haltwire + 5 tripwires p50 <= {MAX_TRIPWIRE_RATIO:.2f}x haltwire p50",
+                ratio <= MAX_TRIPWIRE_RATIO,
+            )
+        )
     return checks
 
 
@@ -601,6 +702,8 @@ async def run(opts: argparse.Namespace) -> int:
     mem = await bench_memory(opts.admit_n)
     red = await bench_redis(opts.redis, opts.redis_n)
     checks = report_admission(mem, red, opts.redis)
+    if TRIPWIRES in opts.variants:
+        report_rule_cost(await bench_rule_cost(opts.redis, opts.rule_n), opts.redis)
     with tempfile.TemporaryDirectory(prefix="haltwire-bench-") as tmp:
         stats, info = await bench_calls(opts, Path(tmp))
     checks += report_calls(stats, opts, info)
@@ -610,7 +713,9 @@ async def run(opts: argparse.Namespace) -> int:
         print(f"    [{'met' if ok else 'MISSED'}] {what}")
     print()
     print(f"(took {time.monotonic() - t0:.0f} s; load average {load_average()} at the end)")
-    return 0
+    # Exit 1 on the tripwires' target only: the others compare with rivals, and are reported.
+    missed = [what for what, ok in checks if what.startswith("haltwire + 5 tripwires") and not ok]
+    return 1 if missed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -653,6 +758,7 @@ def main(argv: list[str] | None = None) -> int:
     opts.warmup = 20 if quick else 50
     opts.admit_n = 5_000 if quick else 20_000
     opts.redis_n = 1_000 if quick else 5_000
+    opts.rule_n = 1_000 if quick else 3_000
     return asyncio.run(run(opts))
 
 

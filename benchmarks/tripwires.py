@@ -6,7 +6,8 @@ Run from the repository root::
     .venv/bin/python benchmarks/tripwires.py --redis redis://127.0.0.1:6379/0 --calls 5000
 
 For each store (``MemoryCounters``; ``RedisCounters`` under a unique key prefix, deleted
-afterwards) and each rule set (none; ``steps``; the four admission kinds; all six kinds), one
+afterwards) and each rule set (none; ``steps``; the four admission kinds; all six kinds; the five
+rules of ``benchmarks/gateway.py``'s tripwires row, ``FIVE``, and the same with a content rule), one
 call is what the pipeline does around its upstream: ``Tripwires.plan``, ``Ceilings.admit`` with
 the plan's counts, ``Tripwires.judge``, ``Ticket.release``, ``Tripwires.settle`` on a result.
 It prints p50/p99 in microseconds and the store's round trips per call (the ceilings here
@@ -16,7 +17,8 @@ On a shared 2-core machine (2026-12-02, 2,000 calls): memory p50 8 us without ru
 ``steps``, 40 us with the four admission kinds, 61 us with all six; Redis p50 0.41 ms without,
 0.48 ms with the admission kinds at the same 2 round trips per call (their counts go in the
 admission's script), 0.76 ms and 3 round trips with all six (the outcome's judgement is one
-more).
+more). The gateway benchmark's five: memory p50 56 us, 116 us with the content rule beside them
+(the built-in detector on a short result), which is why that row has five.
 """
 
 from __future__ import annotations
@@ -56,6 +58,26 @@ RULES["all kinds (6)"] = [
     {"kind": "policy_hits", "in_a_row": 10**6},
     {"kind": "repeated_results", "in_a_row": 10**6},
 ]
+#: The five rules of ``benchmarks/gateway.py``'s "haltwire + 5 tripwires" row, as a deployment
+#: would write them (limits far above what a benchmark run reaches, so none trips: the cost of
+#: a rule does not depend on its limit). ``repeated_calls`` and ``policy_hits`` keep realistic
+#: streaks: the benchmark's calls differ from one another and are all served.
+FIVE: list[dict[str, Any]] = [
+    {"name": "steps-per-run", "kind": "steps", "limit": BIG},
+    {"name": "money-per-run", "kind": "money", "amount": "amount_cents", "limit": BIG},
+    {
+        "name": "calls-per-tenant",
+        "kind": "rate",
+        "per": "tenant",
+        "scope": "run",
+        "limit": BIG,
+        "window_s": 60,
+    },
+    {"name": "denials-in-a-row", "kind": "policy_hits", "in_a_row": 3},
+    {"name": "stuck", "kind": "repeated_calls", "in_a_row": 5},
+]
+RULES["gateway benchmark's five"] = [{k: v for k, v in r.items() if k != "name"} for r in FIVE]
+RULES["the five + content"] = [*RULES["gateway benchmark's five"], {"kind": "content"}]
 CONFIG = parse_config(
     {
         "gateway": {"development": True},
@@ -95,32 +117,43 @@ def p(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100)[int(q) - 1] * 1e6
 
 
+def redis_answers(url: str) -> bool:
+    try:
+        redis.Redis.from_url(url, socket_timeout=1).ping()
+    except (redis.RedisError, OSError):
+        return False
+    return True
+
+
+async def cost(kind: str, rules: list[dict[str, Any]], calls: int, redis_url: str) -> tuple[list[float], int]:
+    """``measure`` on a fresh store of ``kind`` (``memory``, or ``redis`` under a unique prefix,
+    deleted afterwards)."""
+    prefix = f"bench-tripwires-{uuid.uuid4().hex[:8]}"
+    store: CounterStore = (
+        MemoryCounters() if kind == "memory" else RedisCounters(redis_url, prefix=prefix, timeout_s=5)
+    )
+    try:
+        return await measure(store, rules, calls)
+    finally:
+        await store.aclose()
+        if kind == "redis":
+            client = redis.Redis.from_url(redis_url)
+            keys = list(client.scan_iter(f"{prefix}:*"))
+            if keys:
+                client.delete(*keys)
+
+
 async def run(opts: argparse.Namespace) -> None:
     stores = ["memory"]
-    try:
-        redis.Redis.from_url(opts.redis, socket_timeout=1).ping()
+    if redis_answers(opts.redis):
         stores.append("redis")
-    except (redis.RedisError, OSError):
+    else:
         print(f"(Redis at {opts.redis} does not answer: memory only)")
     for kind in stores:
         for name, rules in RULES.items():
-            prefix = f"bench-tripwires-{uuid.uuid4().hex[:8]}"
-            store: CounterStore = (
-                MemoryCounters()
-                if kind == "memory"
-                else RedisCounters(opts.redis, prefix=prefix, timeout_s=5)
-            )
-            try:
-                seconds, trips = await measure(store, rules, opts.calls)
-            finally:
-                await store.aclose()
-                if kind == "redis":
-                    client = redis.Redis.from_url(opts.redis)
-                    keys = list(client.scan_iter(f"{prefix}:*"))
-                    if keys:
-                        client.delete(*keys)
+            seconds, trips = await cost(kind, rules, opts.calls, opts.redis)
             per_call = f", {trips / opts.calls:.2f} round trips per call" if kind == "redis" else ""
-            print(f"{kind:6} {name:20} p50 {p(seconds, 50):8.1f} us  p99 {p(seconds, 99):8.1f} us{per_call}")
+            print(f"{kind:6} {name:26} p50 {p(seconds, 50):8.1f} us  p99 {p(seconds, 99):8.1f} us{per_call}")
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ import pytest
 from mcp.types import CallToolResult
 
 from haltwire import refusal
-from haltwire.demo import loop, loop_control_plane, loop_scenarios
+from haltwire.demo import loop, loop_control_plane, loop_scenarios, loop_tripwire
 from haltwire.demo.agent import Answer, decide, read_answer
 from haltwire.demo.loop_results import ScenarioResult
 
@@ -179,6 +179,22 @@ async def test_7_a_control_plane_stop_refuses_the_run_ends_its_lease_and_fences_
     assert o["ops-bot.after_clear.old_lease"] == "lease_invalid"
     assert o["ops-bot.after_clear.new_run.served"] is True
     assert o["upstream.served"] == 6
+
+
+@pytest.mark.anyio
+async def test_8_a_repeated_calls_tripwire_stops_the_looping_agent_at_call_5_long_before_its_budget() -> None:
+    r = _check(await loop_tripwire.scenario_repeated_calls())
+    o = r.observed
+    # The budget alone lets the same call through 50 times.
+    assert (o["budget-only.calls"], o["budget-only.served"]) == (51, 50)
+    assert o["budget-only.last.code"] == "budget_exhausted"
+    # With the tripwire: the fifth identical call is refused, naming the rule; the agent stops.
+    assert (o["ops-bot.calls"], o["ops-bot.served"], o["ops-bot.refused"]) == (5, 4, 1)
+    assert o["ops-bot.stopped_by"] == "the server"
+    assert (o["ops-bot.last.code"], o["ops-bot.last.retryable"]) == ("tripwire_tripped", False)
+    assert o["ops-bot.last.names_rule"] is True
+    assert (o["upstream.served"], o["upstream.refused"]) == (4, 0)
+    assert "same-call-5" in r.logs[1]["last"]["text"]
 
 
 def test_a_deviation_names_the_number_that_differs() -> None:

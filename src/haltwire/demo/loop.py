@@ -5,7 +5,7 @@ scripted agent (``haltwire.demo.agent``) with the official MCP client over HTTP,
 compares what the agent did and what the upstream served with the numbers the seed
 reports. The command exits 0 when every scenario matched and 1 otherwise, naming the
 scenario and the number that deviated. This module numbers, runs and prints the scenarios;
-they are in ``loop_scenarios`` (1 to 6) and ``loop_control_plane`` (7):
+they are in ``loop_scenarios`` (1 to 6), ``loop_control_plane`` (7) and ``loop_tripwire`` (8):
 
 1. a budget of 20 refused with a terminal error: the agent stops at call 21;
 2. the same budget refused with "Please try again": the agent runs to its own 200-step cap;
@@ -16,7 +16,9 @@ they are in ``loop_scenarios`` (1 to 6) and ``loop_control_plane`` (7):
 6. the same refusal answered at the HTTP gate (``refuse_at = "edge"``): the client raises;
 7. ops-bot runs under a lease from the control plane; an operator stops the run before its
    sixth call: the gateway refuses it ``stopped``, the pushed stop ends the lease, and after
-   the clear the old lease stays fenced off while a new run is served.
+   the clear the old lease stays fenced off while a new run is served;
+8. the same call again and again under a budget of 50: the budget stops it at call 51, a
+   ``repeated_calls`` tripwire of 5 in a row (enforce) at call 5 (``tripwire_tripped``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from haltwire.demo.loop_scenarios import (
     scenario_terminal_budget,
     scenario_upstream_quota,
 )
+from haltwire.demo.loop_tripwire import scenario_repeated_calls
 
 #: No scenario waits on anything slower than a loopback round trip; this bounds a hang.
 SCENARIO_TIMEOUT_S: Final = 120.0
@@ -56,6 +59,7 @@ SCENARIOS: Final[dict[int, Callable[[], Awaitable[ScenarioResult]]]] = {
     5: scenario_kill_switch,
     6: scenario_http_gate,
     7: scenario_control_plane_stop,
+    8: scenario_repeated_calls,
 }
 
 
