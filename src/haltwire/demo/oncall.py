@@ -31,9 +31,11 @@ def page_lines(page: dict[str, Any]) -> list[str]:
     lines = [
         f"PAGE {page.get('page_id')} ({page.get('event')}): {summary[0] if summary else ''}",
         f"  run:       {page.get('run_id')}",
-        f"  rule:      {page.get('rule')} (issued by {page.get('actor')})",
+        f"  issued by: {page.get('actor')}",
         f"  reason:    {reason[0] if reason else ''}",
     ]
+    if page.get("rule") not in (None, page.get("actor")):
+        lines.append(f"  rule:      {page.get('rule')}")
     for intent in page.get("committed") or []:
         args = intent.get("arguments") or {}
         lines.append(
