@@ -102,7 +102,9 @@ def test_fifty_runs_are_each_capped_at_exactly_five_refunds_and_the_report_match
         events = {e["event"]: e["ms"] for e in run["timeline"]}
         assert events["content tripwire fired (shadow)"] <= events["refund 1 proposed"], name
         assert events["refund 5 committed"] <= events["refund 6 called"] <= events["stop written"], name
-        assert events["stop written"] <= events["lease renewal refused"] <= events["on-call paged"], name
+        # The page goes out once the stop commits: before or after the demo's renewal, as it happens.
+        assert events["stop written"] <= events["lease renewal refused"], name
+        assert events["stop written"] <= events["on-call paged"] <= events["stop cleared"], name
     print(f"{RUNS} runs: stack up in {out['stack_start_s']} s, {out['elapsed_s']} s in all")
 
 
