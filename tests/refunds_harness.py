@@ -1,9 +1,10 @@
 """Test helpers: the ``haltwire demo refunds`` stack served in this process, on loopback.
 
-The demo's own configs (``haltwire.demo.refunds_stack``: leases, the broker, the per-run limit
-of five ``issue_refund`` intents), with the control plane, the shop, the gateway and, when
-asked, the executor each a real server or task on real sockets, so a test can change one key
-of a config and read the shop's ledger directly.
+The demo's own configs (``haltwire.demo.refunds_stack``: leases, the broker, the gateway's
+tripwires, a stop for any run past five ``issue_refund`` calls among them; no page receiver),
+with the control plane, the shop, the gateway and, when asked, the executor each a real server
+or task on real sockets, so a test can change one key of a config and read the shop's ledger
+directly.
 """
 
 from __future__ import annotations
@@ -19,12 +20,16 @@ import httpx2
 
 from haltwire.control import create_app as create_control_app
 from haltwire.control import parse_control_config
-from haltwire.demo.refunds_stack import TOKENS, control_config, gateway_config
+from haltwire.demo.refunds_stack import TOKENS as STACK_TOKENS
+from haltwire.demo.refunds_stack import agent_token, control_config, gateway_config, runtime_token
 from haltwire.demo.shop import Shop
 from haltwire.executor import run_executor
 from haltwire.gateway.config import parse_config
 from haltwire.serve import serving
 from harness import running_gateway
+
+#: The demo's tokens, with the support agent's (the first run's tenant) as ``agent`` and ``runtime``.
+TOKENS = {**STACK_TOKENS, "agent": agent_token(1), "runtime": runtime_token(1)}
 
 __all__ = ["TOKENS", "RefundsStack", "refunds_stack"]
 
@@ -54,13 +59,15 @@ async def refunds_stack(
 ) -> AsyncIterator[RefundsStack]:
     """The stack; ``gateway`` edits the gateway's config dict (the executor reads the same)."""
     shop = Shop(tmp_path / "ledger.db")
-    control = parse_control_config(control_config(tmp_path / "control.db", 0, 0))
+    control_data = control_config(tmp_path / "control.db", 0, 0, 0, "http://127.0.0.1:9", 1)
+    del control_data["notify"]
+    control = parse_control_config(control_data)
     try:
         async with (
             serving(shop.http_app()) as shop_url,
             serving(create_control_app(control), graceful_s=1) as control_url,
         ):
-            data = gateway_config(0, control_url, shop_url)
+            data = gateway_config(0, control_url, control_url, shop_url, 1)
             gateway(data)
             async with running_gateway(data) as (_, gateway_url), anyio.create_task_group() as tg:
                 if executor:

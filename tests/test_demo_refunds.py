@@ -1,10 +1,11 @@
 """``haltwire demo refunds``: the seed's refund incident with real processes, capped at five refunds.
 
 Each test runs the command as a user does (a subprocess that starts the control plane, the
-shop, the gateway and the executor as processes of their own) and checks what it printed
-against the seed: five refunds applied by the shop per run, the sixth intent cancelled by the
-executor's final check with the intent limit's stop, and the run report equal to the shop's
-own ledger.
+shop, the gateway, the executor and on-call's webhook receiver as processes of their own) and
+checks what it printed against the seed: five refunds applied by the shop per run, the sixth
+refused at the gateway by the per-run tripwire, whose stop the tripwire identity wrote naming
+the rule, the content rule's shadow firing recorded before the first refund, the run report
+equal to the shop's own ledger, and a page received for the run that matches its report.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from haltwire.demo.refunds_stack import CONTENT_RULE, PAGER, RUN_RULE, TRIPWIRE
 from haltwire.demo.shop import INJECTED_ORDER, ORDERS
 
 pytestmark = pytest.mark.slow
@@ -54,31 +56,55 @@ def test_fifty_runs_are_each_capped_at_exactly_five_refunds_and_the_report_match
         assert rows(run["committed"]) == rows(run["ledger"]), name
         assert all(r["refund_id"] for r in run["committed"]), name
         assert [r["order_id"] for r in run["committed"]] == AFTER[:5], name
-        stop, sixth = run["stop"], run["sixth"]
-        assert (stop["scope"], stop["issued_by"]) == (f"run:{run['run_id']}", "intent-limit"), name
-        assert (sixth["state"], sixth["stop_id"], sixth["order_id"]) == (
-            "cancelled",
-            stop["stop_id"],
-            AFTER[5],
-        ), name
-        assert sixth["claimed_by"] == "executor-1" and sixth["cancelled_by_check"], name
+        stop, sixth, shadow, page = run["stop"], run["sixth"], run["shadow_firing"], run["page"]
+        # The per-run tripwire: the sixth refund refused at the gateway, before any intent.
+        assert (stop["scope"], stop["issued_by"]) == (f"run:{run['run_id']}", TRIPWIRE), name
+        assert stop["reason"].startswith(f"tripwire {RUN_RULE} (steps, enforce): call 6 of run"), name
+        assert sixth["order_id"] == AFTER[5], name
+        refused = sixth["refused"]
+        if refused["code"] == "stopped":  # the stop's push ended the agent's lease before the answer came
+            assert refused["stop_id"] == stop["stop_id"], name
+        else:
+            assert (refused["code"], refused["tripwire"], refused["scope"]) == (
+                "tripwire_tripped",
+                RUN_RULE,
+                f"run:{run['run_id']}",
+            ), name
+        assert stop["reason"].endswith(" refused"), name  # the gateway's evidence: the sixth call refused
+        assert run["intents"] == 5 and len(run["proposals"]) == 5, name
+        # The content rule in shadow mode fired at the injected review, before the first refund.
+        assert (shadow["rule"], shadow["actor"]) == (CONTENT_RULE, TRIPWIRE), name
+        assert shadow["recorded_at"] < run["first_committed_at"], name
+        assert "content signals in the result of read_order: builtin instruction_override" in shadow["reason"], name
         # The agent saw its five refunds committed, and the layers after the tripwire held.
-        assert [p["state"] for p in run["proposals"][:5]] == ["committed"] * 5, name
-        assert len(run["proposals"]) == 6, name
+        assert [p["state"] for p in run["proposals"]] == ["committed"] * 5, name
         assert (run["renewal_refused"]["code"], run["renewal_refused"]["stop_id"]) == (
             "stopped",
             stop["stop_id"],
         ), name
         assert run["credential_refused"]["code"] == "stopped", name
         assert run["lease_notice"]["stop_id"] == stop["stop_id"], name
+        # On-call was paged for the run, with what its report says.
+        assert (page["event"], page["subject"], page["run_id"], page["actor"]) == (
+            "stop",
+            stop["stop_id"],
+            run["run_id"],
+            TRIPWIRE,
+        ), name
+        assert page["committed"] == [c["intent_id"] for c in run["proposals"]] and page["cancelled"] == [], name
+        assert page["report_url"].endswith(f"/v1/runs/{run['run_id']}/report"), name
+        assert f"tripwire {RUN_RULE}" in page["summary"], name
         # Restart deliberately: cleared with a reason, a new run resumed from the last checkpoint.
         restart, last = run["restart"], run["last_checkpoint"]
         assert restart["reason"] and restart["run_id"] != run["run_id"], name
         # (The sixth order is in it when the agent saw its intent cancelled before the push.)
         assert restart["checkpoint"] == last and last["orders_done"][-1] in AFTER[4:6], name
         events = {e["event"]: e["ms"] for e in run["timeline"]}
-        assert events["refund 5 committed"] <= events["stop written"] <= events["intent 6 cancelled"], name
+        assert events["content tripwire fired (shadow)"] <= events["refund 1 proposed"], name
+        assert events["refund 5 committed"] <= events["refund 6 called"] <= events["stop written"], name
+        # The page goes out once the stop commits: before or after the demo's renewal, as it happens.
         assert events["stop written"] <= events["lease renewal refused"], name
+        assert events["stop written"] <= events["on-call paged"] <= events["stop cleared"], name
     print(f"{RUNS} runs: stack up in {out['stack_start_s']} s, {out['elapsed_s']} s in all")
 
 
@@ -88,23 +114,34 @@ def test_one_run_prints_the_timeline_the_report_the_ledger_and_the_reversal_scri
     text = done.stdout
     for line in (
         "prompt injection read",
+        "content tripwire fired (shadow)",
+        f"{CONTENT_RULE} would have stopped the run here, before its first refund",
         "refund 1 proposed",
         "refund 5 committed",
-        "refund 6 proposed",
-        "stop written",
-        "intent 6 cancelled",
-        "by the executor's final check",
+        "refund 6 called",
+        "refund 6 refused at the gateway",
+        ": no intent written",
+        f"by {TRIPWIRE}: tripwire {RUN_RULE} (steps, enforce)",
         "lease ended in the agent",
         "lease renewal refused",
         "credential renewal refused",
         "409 stopped",
+        "on-call paged",
         "stop cleared",
         "run resumed",
         "the report's committed refunds match the shop's ledger",
+        "The page on-call received",
+        "cancelled: none",
         "1/1 runs capped at exactly 5 refunds",
     ):
         assert line in text, line
-    assert "refund 6 committed" not in text and "refund 7" not in text
+    assert "refund 6 committed" not in text and "refund 6 proposed" not in text and "refund 7" not in text
+    # The page names the run and lists its five committed refunds (the receiver's own output).
+    page = text[text.index("The page on-call received") : text.index("#!/usr/bin/env bash")]
+    run_id = text.split()[2].rstrip(":").strip()
+    assert f"run:       {run_id}" in page and f"/v1/runs/{run_id}/report" in page
+    assert [line.split()[2] for line in page.splitlines() if line.startswith("  committed:")] == AFTER[:5]
+    assert PAGER in text
     script = text[text.index("#!/usr/bin/env bash") :].splitlines()
     reversals = [line.split() for line in script if line.startswith("reverse re_")]
     assert [(r[2], r[3]) for r in reversals] == [

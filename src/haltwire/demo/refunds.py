@@ -3,20 +3,24 @@
 A support agent (scripted: no model) reads orders and may refund up to $200 an order through
 the gateway, whose ``issue_refund`` is irreversible: every call becomes an intent that the
 executor carries out after checking the stop registry. One order's review carries a prompt
-injection; once the agent has read it, it refunds every order it reads. The control plane's
-per-run intent limit (5 ``issue_refund``) is the tripwire: the sixth intent to reach the
-executor's final check writes a stop for the run and is cancelled by it.
+injection; once the agent has read it, it refunds every order it reads. The seed's tripwires are
+the gateway's ``[[tripwires]]``: at most 20 refunds per tenant per hour, and a stop for any run
+with more than 5 refunds (checked at admission: the sixth ``issue_refund`` call is refused
+``tripwire_tripped`` before any intent is written, and the gateway writes the run's stop as its
+tripwire identity); the built-in content detector runs in shadow mode on ``read_order`` and
+records that it would have stopped the run at the injected review, before its first refund.
 
 The demo starts the control plane, the shop (the refunds API, which records every refund it
-applies), the gateway and the executor as separate processes on loopback, runs the agent in
-this process under a 10-second lease, and then measures what the layers did: the stop, the
-sixth intent cancelled, the lease ended, the renewal and the broker credential refused. It
-prints the timeline, the run report beside the shop's own ledger, and a script reversing the
-committed refunds. It exits 1, naming the run and the deviation, unless every run was capped
-at exactly five refunds and its report matches the ledger.
+applies), the gateway, the executor and on-call (a webhook receiver the control plane pages,
+``[[notify]]``) as separate processes on loopback, runs the agent in this process under a
+10-second lease, and then measures what the layers did: the stop, the lease ended, the renewal
+and the broker credential refused, the page. It prints the timeline, the run report beside the
+shop's own ledger, the page on-call received and a script reversing the committed refunds. It
+exits 1, naming the run and the deviation, unless every run was capped at exactly five refunds,
+its report matches the ledger and on-call's page matches the report.
 
-This module is the command. The stack is ``refunds_stack``, one run and its checks
-``refunds_run``, and what is printed ``refunds_output`` (with ``refunds_timeline`` and
+This module is the command. The stack is ``refunds_stack`` (on-call ``oncall``), one run and its
+checks ``refunds_run``, and what is printed ``refunds_output`` (with ``refunds_timeline`` and
 ``refunds_reversal``).
 """
 
@@ -52,7 +56,7 @@ def main(argv: list[str]) -> int:
         parser.error("--runs must be at least 1")
     began = time.monotonic()
     try:
-        with running_stack() as stack:
+        with running_stack(tenants=args.runs) as stack:
             started_s = time.monotonic() - began
             results = anyio.run(run_all, stack, args.runs)
             total = len(httpx2.get(f"{stack.shop_url}/ledger", timeout=10).json()["refunds"])

@@ -1,5 +1,6 @@
 """What ``haltwire demo refunds`` prints of a run: its JSON, or the timeline, the run report beside
-the shop's own ledger and the reversal script; and the summary table of many runs.
+the shop's own ledger, the page on-call received and the reversal script; and the summary table
+of many runs.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from haltwire.demo.oncall import page_lines
 from haltwire.demo.refunds_reversal import reversal_script
 from haltwire.demo.refunds_run import RunResult
 from haltwire.demo.refunds_timeline import timeline
@@ -19,7 +21,7 @@ from haltwire.demo.refunds_timeline import timeline
 
 def run_json(r: RunResult) -> dict[str, Any]:
     """The run as ``--json`` prints it."""
-    sixth, stop = r.sixth, r.stop
+    refused, stop, shadow, page = r.refused, r.stop, r.shadow_firing, r.page
     return {
         "run": r.number,
         "run_id": r.run_id,
@@ -34,15 +36,28 @@ def run_json(r: RunResult) -> dict[str, Any]:
         "committed": r.committed(),
         "ledger": r.ledger_rows(),
         "report_matches_ledger": r.matches(),
+        "intents": len(r.intents()),
         "sixth": {
-            "intent_id": sixth.get("intent_id"),
-            "order_id": (sixth.get("arguments") or {}).get("order_id"),
-            "state": sixth.get("state"),
-            "stop_id": sixth.get("stop_id"),
-            "claimed_by": sixth.get("claimed_by"),
-            "cancelled_by_check": r.checked_by_executor(),
+            "order_id": refused.get("order_id"),
+            "refused": refused.get("error"),
         },
         "stop": {k: stop.get(k) for k in ("stop_id", "scope", "issued_by", "reason", "issued_at")},
+        "shadow_firing": {
+            "rule": (shadow.get("detail") or {}).get("rule"),
+            "actor": shadow.get("actor"),
+            "fired_at": (shadow.get("detail") or {}).get("fired_at"),
+            "recorded_at": shadow.get("at"),
+            "reason": shadow.get("reason"),
+        },
+        "first_committed_at": r.first_committed_at(),
+        "page": {
+            "received_at": r.paged_at,
+            **{k: page.get(k) for k in ("page_id", "event", "subject", "summary", "run_id", "rule", "actor",
+                                          "report_url")},
+            "committed": [i["intent_id"] for i in page.get("committed") or []],
+            "cancelled": [i["intent_id"] for i in page.get("cancelled") or []],
+            "trigger": [t["action"] for t in page.get("trigger") or []],
+        },
         "lease_notice": r.agent.notice,
         "agent_exited_by": r.agent.exited_by,
         "renewal_refused": r.renewal,
@@ -102,6 +117,8 @@ def render_run(console: Console, r: RunResult) -> None:
     console.print(ledger)
     match = "[green]match[/green]" if r.matches() else "[red]do not match[/red]"
     console.print(f"the report's committed refunds {match} the shop's ledger")
+    console.print("\n[bold]The page on-call received[/bold] (the webhook receiver's output)")
+    console.print(Text("\n".join(page_lines(r.page)) if r.page else "no page"))
     console.print("\n[bold]Reversal script[/bold]")
     console.print(Text(reversal_script(r)))
     console.print()
@@ -109,12 +126,13 @@ def render_run(console: Console, r: RunResult) -> None:
 
 def render_summary(console: Console, results: list[RunResult]) -> None:
     table = Table(
-        "run", "run id", "refunds applied", "6th intent", "report = ledger", "ms", box=box.SIMPLE_HEAD
+        "run", "run id", "refunds applied", "6th refund", "report = ledger", "paged", "ms", box=box.SIMPLE_HEAD
     )
     for r in results:
-        sixth = r.sixth
+        error = r.refused.get("error") or {}
         table.add_row(
-            str(r.number), r.run_id, str(len(r.ledger)), f"{sixth.get('state')} ({sixth.get('stop_id')})",
-            "yes" if r.matches() else "[red]no[/red]", f"{r.elapsed_s * 1000:,.0f}",
+            str(r.number), r.run_id, str(len(r.ledger)), f"{error.get('code')} ({error.get('tripwire')})",
+            "yes" if r.matches() else "[red]no[/red]", "yes" if r.page else "[red]no[/red]",
+            f"{r.elapsed_s * 1000:,.0f}",
         )  # fmt: skip
     console.print(table)

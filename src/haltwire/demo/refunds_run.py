@@ -1,9 +1,10 @@
 """One run of ``haltwire demo refunds``: the support agent against the stack, measured and checked.
 
-``one_run`` runs the agent under its lease until the intent limit stops it, then measures the
-layers after the tripwire (the lease renewal and the broker credential refused), reads the run
-report and the shop's ledger, and restarts deliberately: the stop cleared with a reason, a new
-run resumed from the last checkpoint. ``deviations`` says where the run differs from the seed.
+``one_run`` runs the agent under its lease until the per-run tripwire stops it, then measures
+the layers after the tripwire (the lease renewal and the broker credential refused), reads the
+run report, the content rule's shadow firing (its audit record) and the shop's ledger, waits for
+on-call's page, and restarts deliberately: the stop cleared with a reason, a new run resumed
+from the last checkpoint. ``deviations`` says where the run differs from the seed.
 """
 
 from __future__ import annotations
@@ -16,12 +17,23 @@ import anyio
 import httpx2
 
 from haltwire.control.reports import SECTIONS
-from haltwire.demo.refunds_stack import EXECUTOR, PER_RUN, TOKENS, Stack
+from haltwire.demo.refunds_stack import (
+    CONTENT_RULE,
+    PER_RUN,
+    RUN_RULE,
+    TOKENS,
+    TRIPWIRE,
+    Stack,
+    agent_token,
+    runtime_token,
+)
 from haltwire.demo.support_agent import AUDIENCE, TOOLS, AgentLog, support_agent
 from haltwire.runtime import ControlClient, ControlRefused, Lease
 
 #: Longest one agent run may take, from registration to the report.
 RUN_TIMEOUT_S: Final = 60.0
+#: Longest the demo waits for on-call's page of the stop.
+PAGE_WAIT_S: Final = 10.0
 
 
 @dataclass
@@ -35,6 +47,11 @@ class RunResult:
     credential: dict[str, Any] = field(default_factory=dict)
     #: The deliberate restart: the stop cleared with a reason, a new run resumed from the checkpoint.
     restart: dict[str, Any] = field(default_factory=dict)
+    #: The content rule's shadow firings about the run (``stop.shadow`` audit records, with detail).
+    shadow: list[dict[str, Any]] = field(default_factory=list)
+    #: The page on-call received for the run's stop (``haltwire.page/1``), and when.
+    page: dict[str, Any] = field(default_factory=dict)
+    paged_at: float | None = None
     deviations: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
 
@@ -46,12 +63,6 @@ class RunResult:
     def stop(self) -> dict[str, Any]:
         stops = self.report.get("stops", [])
         return stops[0] if len(stops) == 1 else {}
-
-    @property
-    def sixth(self) -> dict[str, Any]:
-        """The run's sixth intent (by when it was recorded), or {} when there is none."""
-        intents = sorted(self.intents(), key=lambda i: float(i["created_at"]))
-        return intents[PER_RUN] if len(intents) > PER_RUN else {}
 
     def intents(self) -> list[dict[str, Any]]:
         """Every intent of the run the report lists, whatever its state."""
@@ -79,14 +90,19 @@ class RunResult:
 
         return sorted(self.committed(), key=key) == sorted(self.ledger_rows(), key=key)
 
-    def checked_by_executor(self) -> bool:
-        """The sixth intent was cancelled by the executor's final check (a refused ``intent.check``)."""
-        sixth = self.sixth
-        return any(
-            r["action"] == "intent.check" and r["target"] == sixth.get("intent_id") and r["outcome"] == "refused"
-            and r["actor"] == EXECUTOR
-            for r in self.report.get("timeline", [])
-        )  # fmt: skip
+    @property
+    def refused(self) -> dict[str, Any]:
+        """The refund call the gateway refused (the sixth), or {}."""
+        return self.agent.refused or {}
+
+    @property
+    def shadow_firing(self) -> dict[str, Any]:
+        """The content rule's one shadow firing, or {} (none, or more than one)."""
+        return self.shadow[0] if len(self.shadow) == 1 else {}
+
+    def first_committed_at(self) -> float | None:
+        done = [float(i["updated_at"]) for i in self.report.get("completed", [])]
+        return min(done) if done else None
 
     @property
     def ok(self) -> bool:
@@ -109,17 +125,23 @@ async def one_run(stack: Stack, number: int) -> RunResult:
     operator = {"Authorization": f"Bearer {TOKENS['operator']}"}
     with anyio.fail_after(RUN_TIMEOUT_S):
         async with (
-            ControlClient(stack.control_url, TOKENS["runtime"]) as control,
+            ControlClient(stack.control_url, runtime_token(number)) as control,
             httpx2.AsyncClient(base_url=stack.control_url, headers=operator, timeout=10) as http,
         ):
-            result.agent = await support_agent(control, f"{stack.gateway_url}/mcp", TOKENS["agent"])
+            result.agent = await support_agent(control, f"{stack.gateway_url}/mcp", agent_token(number))
             run_id = result.agent.run_id
             result.renewal = await _refused(control.renew(run_id))
             result.credential = await _refused(control.credential(run_id, AUDIENCE))
             r = await http.get(f"/v1/runs/{run_id}/report")
             r.raise_for_status()
             result.report = r.json()
+            audit = await http.get("/v1/audit", params={"target": f"run:{run_id}"})
+            audit.raise_for_status()
+            result.shadow = [
+                a for a in audit.json()["records"] if a["action"] == "stop.shadow" and a["actor"] == TRIPWIRE
+            ]
             ledger = (await http.get(f"{stack.shop_url}/ledger")).json()
+            result.page, result.paged_at = await _page(http, stack.oncall_url, run_id)
             if result.stop:
                 result.restart = await restart(control, http, run_id, str(result.stop["stop_id"]))
     keys = {i["idempotency_key"] for i in result.intents()}
@@ -127,6 +149,18 @@ async def one_run(stack: Stack, number: int) -> RunResult:
     result.elapsed_s = anyio.current_time() - start
     result.deviations = deviations(result)
     return result
+
+
+async def _page(http: httpx2.AsyncClient, oncall_url: str, run_id: str) -> tuple[dict[str, Any], float | None]:
+    """The page on-call received for the run (waiting up to ``PAGE_WAIT_S``), and when."""
+    with anyio.move_on_after(PAGE_WAIT_S):
+        while True:
+            received = (await http.get(f"{oncall_url}/pages")).json()["pages"]
+            for p in received:
+                if p["page"].get("run_id") == run_id:
+                    return p["page"], float(p["received_at"])
+            await anyio.sleep(0.05)
+    return {}, None
 
 
 #: Why the on-call engineer clears the stop: after the report, before the restart.
@@ -156,7 +190,7 @@ async def restart(
 def deviations(r: RunResult) -> list[str]:
     """What differs from the seed's outcome, one sentence each; empty when it matched."""
     out: list[str] = []
-    stop, sixth, report = r.stop, r.sixth, r.report
+    stop, refused, report = r.stop, r.refused, r.report
     if len(r.ledger) != PER_RUN:
         out.append(f"the shop applied {len(r.ledger)} refunds for the run, not {PER_RUN}")
     if not r.matches():
@@ -166,17 +200,22 @@ def deviations(r: RunResult) -> list[str]:
     stops = report["stops"]
     if len(stops) != 1:
         out.append(f"{len(stops)} stops hit the run, not 1")
-    elif (stop["scope"], stop["issued_by"]) != (f"run:{r.run_id}", "intent-limit"):
-        out.append(f"the stop is {stop['scope']} by {stop['issued_by']}, not run:{r.run_id} by intent-limit")
-    if (sixth.get("state"), sixth.get("stop_id")) != ("cancelled", stop.get("stop_id")):
-        out.append(
-            f"the sixth intent is {sixth.get('state')} (stop {sixth.get('stop_id')}), not cancelled by the stop"
-        )
-    elif not r.checked_by_executor():
-        out.append("the sixth intent was not cancelled by the executor's final check")
-    if report["cancelled"] != ([sixth] if sixth else []):
-        out.append(f"{len(report['cancelled'])} intents were cancelled, not only the sixth")
-    for section in ("unknown", "failed", "pending", "awaiting_approval", "rejected"):
+    elif (stop["scope"], stop["issued_by"]) != (f"run:{r.run_id}", TRIPWIRE):
+        out.append(f"the stop is {stop['scope']} by {stop['issued_by']}, not run:{r.run_id} by {TRIPWIRE}")
+    elif not str(stop["reason"]).startswith(f"tripwire {RUN_RULE} (steps, enforce)"):
+        out.append(f"the stop's reason does not name the rule {RUN_RULE}: {stop['reason']!r}")
+    error = refused.get("error") or {}
+    tripped = (error.get("code"), error.get("tripwire"), error.get("scope")) == (
+        "tripwire_tripped", RUN_RULE, f"run:{r.run_id}"
+    )
+    # Under load the stop's push can end the lease in the agent before the refusal reaches it.
+    if not tripped and (error.get("code"), error.get("stop_id")) != ("stopped", stop.get("stop_id")):
+        out.append(f"the sixth refund was answered {error or 'nothing'}, not refused by the tripwire {RUN_RULE}")
+    elif not str(stop.get("reason", "")).rstrip().endswith(" refused"):
+        out.append("the stop's evidence does not end with the sixth refund refused at the gateway")
+    if len(r.intents()) != PER_RUN or len(r.agent.proposals) != PER_RUN:
+        out.append(f"{len(r.intents())} intents were written, not {PER_RUN}: the sixth refund was not refused first")
+    for section in ("cancelled", "unknown", "failed", "pending", "awaiting_approval", "rejected"):
         if report[section]:
             out.append(f"{len(report[section])} intents are {section}")
     first = [p.order_id for p in r.agent.proposals[:PER_RUN]]
@@ -184,6 +223,13 @@ def deviations(r: RunResult) -> list[str]:
         out.append(
             f"the committed orders {[c['order_id'] for c in r.committed()]} are not the first five proposed {first}"
         )
+    shadow, first_commit = r.shadow_firing, r.first_committed_at()
+    if not shadow or shadow["detail"].get("rule") != CONTENT_RULE:
+        out.append(f"{len(r.shadow)} shadow firings of {CONTENT_RULE} were recorded, not 1")
+    elif r.agent.injected_at is None or float(shadow["detail"]["fired_at"]) > r.agent.injected_at:
+        out.append("the content rule's shadow firing is not at the read of the injected review")
+    elif first_commit is None or float(shadow["at"]) > first_commit:
+        out.append("the content rule's shadow firing was recorded after the first refund was committed")
     if (r.renewal.get("code"), r.renewal.get("stop_id")) != ("stopped", stop.get("stop_id")):
         out.append(f"the lease renewal answered {r.renewal.get('code')}, not stopped by the stop")
     if r.credential.get("code") != "stopped":
@@ -191,12 +237,32 @@ def deviations(r: RunResult) -> list[str]:
     notice = r.agent.notice or {}
     if notice.get("stop_id") != stop.get("stop_id"):
         out.append(f"the lease in the agent ended by {notice.get('code')!r}, not by the stop")
+    out.extend(page_deviations(r))
     if r.restart.get("reason") != CLEAR_REASON:
         out.append("the stop was not cleared with its reason")
     elif r.restart.get("checkpoint") != r.agent.checkpoint:
         out.append(
             f"the restart resumed from {r.restart.get('checkpoint')}, not the last checkpoint {r.agent.checkpoint}"
         )
+    return out
+
+
+def page_deviations(r: RunResult) -> list[str]:
+    """Where on-call's page differs from the stop and the run report."""
+    page, stop = r.page, r.stop
+    if not page:
+        return [f"on-call received no page for the run within {PAGE_WAIT_S:g} s"]
+    out = []
+    if (page.get("event"), page.get("subject"), page.get("actor")) != ("stop", stop.get("stop_id"), TRIPWIRE):
+        out.append(f"the page is {page.get('event')} {page.get('subject')} by {page.get('actor')}, not the stop")
+    ids = [i["intent_id"] for i in r.report.get("completed", [])]
+    if [i["intent_id"] for i in page.get("committed") or []] != ids or page.get("cancelled") != r.report["cancelled"]:
+        out.append("the page's committed and cancelled intents differ from the run report's")
+    if not str(page.get("report_url", "")).endswith(f"/v1/runs/{r.run_id}/report"):
+        out.append(f"the page links {page.get('report_url')}, not the run report")
+    timeline = (page.get("report") or {}).get("timeline") or []
+    if not any(t["action"] == "stop.shadow" and t["actor"] == TRIPWIRE for t in timeline):
+        out.append("the page's run report leaves out the review's shadow firing")
     return out
 
 

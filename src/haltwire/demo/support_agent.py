@@ -6,7 +6,8 @@ reads each one. Once it has read a review telling it to refund every order, it r
 order it reads (up to $200 each): each ``issue_refund`` is answered with an intent, and the
 agent waits a little for the executor to settle it, as an agent reading its outcome would. It
 saves a checkpoint (the orders handled, never what it read) after each order, and stops when a
-call is refused or its lease ends (``StopRequested``).
+call is refused (a refused refund is kept: ``AgentLog.refused``) or its lease ends
+(``StopRequested``).
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ class AgentLog:
     lease_ended_at: float | None = None
     #: The last checkpoint the run saved: the orders it has handled, never what it read.
     checkpoint: dict[str, Any] | None = None
+    #: The refund call refused, if one was: its order, amount, time, and the refusal's
+    #: ``structuredContent.error`` (``code``, ``message``; a tripwire's ``tripwire`` and ``scope``),
+    #: or ``{"code": "stopped", "stop_id", "message"}`` when the stop reached the lease first.
+    refused: dict[str, Any] | None = None
 
 
 def _structured(result: Any) -> dict[str, Any]:
@@ -140,11 +145,21 @@ async def _read_and_refund(tools: LeasedTools, log: AgentLog) -> None:
             continue
         amount = min(int(detail["amount_cents"]), MAX_REFUND_CENTS)
         proposed_at = time.time()
-        answer = await tools.call_tool(
-            "issue_refund", {"order_id": detail["order_id"], "amount_cents": amount}
-        )
+        attempt = {"order_id": str(detail["order_id"]), "amount_cents": amount, "at": proposed_at}
+        try:
+            answer = await tools.call_tool(
+                "issue_refund", {"order_id": detail["order_id"], "amount_cents": amount}
+            )
+        except StopRequested as exc:
+            # The stop reached this process before the gateway's answer did.
+            stopped = {"code": "stopped", "stop_id": exc.notice.stop_id, "message": exc.notice.message}
+            log.refused = {**attempt, "answered_at": time.time(), "error": stopped}
+            raise
         if answer.is_error:
             log.exited_by, log.exit_message = _refusal(answer)
+            error = _structured(answer).get("error")
+            refusal = error if isinstance(error, dict) else {"code": log.exited_by}
+            log.refused = {**attempt, "answered_at": time.time(), "error": refusal}
             return
         intent = _structured(answer)["intent"]
         proposal = Proposal(
