@@ -152,12 +152,13 @@ async def one_run(stack: Stack, number: int) -> RunResult:
 
 
 async def _page(http: httpx2.AsyncClient, oncall_url: str, run_id: str) -> tuple[dict[str, Any], float | None]:
-    """The page on-call received for the run (waiting up to ``PAGE_WAIT_S``), and when."""
+    """The page on-call received for the run's stop (waiting up to ``PAGE_WAIT_S``), and when; the
+    shadow firing's page comes earlier and is not it."""
     with anyio.move_on_after(PAGE_WAIT_S):
         while True:
             received = (await http.get(f"{oncall_url}/pages")).json()["pages"]
             for p in received:
-                if p["page"].get("run_id") == run_id:
+                if p["page"].get("run_id") == run_id and p["page"].get("event") == "stop":
                     return p["page"], float(p["received_at"])
             await anyio.sleep(0.05)
     return {}, None
