@@ -360,3 +360,19 @@ async def test_a_tripwires_stop_names_its_rule(tmp_path: Path) -> None:
             await receiver.wait(pages=1)
     page = receiver.pages[0][1]
     assert (page["rule"], page["actor"]) == ("tripwire-1", "tripwire-1") and "(rule tripwire-1)" in page["summary"]
+
+
+async def test_a_tripwire_names_the_rule_that_fired_and_no_other_role_may(tmp_path: Path) -> None:
+    receiver = Receiver()
+    async with receiving(receiver) as hook:
+        async with plane(sqlite(tmp_path), [{"name": "ops", "kind": "webhook", "url": f"{hook}/"}]) as (client, _):
+            body = {"scope": "run:r-9", "reason": "6 refunds", "rule": "refunds-per-run"}
+            r = await client.post("/v1/stops", json=body, headers=auth("operator"))
+            assert r.status_code == 422 and "only a tripwire" in r.json()["error"]["message"], r.text
+            r = await client.post("/v1/stops", json=body, headers=auth("tripwire"))
+            assert r.status_code == 201, r.text
+            await receiver.wait(pages=1)
+            (issued,) = [x for x in await records(client, "stop.issue") if x["outcome"] == "ok"]
+    assert issued["detail"]["rule"] == "refunds-per-run"
+    page = receiver.pages[0][1]
+    assert (page["rule"], page["actor"]) == ("refunds-per-run", "tripwire-1")

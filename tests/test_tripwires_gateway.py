@@ -142,6 +142,10 @@ async def test_each_kind_fires_at_its_threshold_and_stops_only_its_run(tmp_path:
         assert stop["issued_by"] == "tripwire-1"
         assert f"tripwire {kind}-wire ({kind}, enforce)" in stop["reason"]
         assert "evidence" in stop["reason"]
+        async with httpx2.AsyncClient(base_url=cp, timeout=10) as http:
+            r = await http.get("/v1/audit", params={"target": "run:run-1"}, headers=auth("operator"))
+        (issued,) = [x for x in r.json()["records"] if x["action"] == "stop.issue"]
+        assert issued["detail"]["rule"] == f"{kind}-wire", "the stop's audit record names the rule"
 
         async def through_the_watch() -> bool:
             return await outcome(client, "run-1") == "stopped"

@@ -88,19 +88,24 @@ async def issue(
     reason: str,
     expires_at: float | None = None,
     request_key: str | None = None,
+    rule: str | None = None,
 ) -> Written:
     """Record a stop and everything that follows from it (the module's docstring).
-    ``Refused`` 422 (audited) for a scope that does not parse or an empty reason, 409
-    ``idempotency_conflict`` for a key used before for another stop."""
+    ``rule``: the tripwire rule that fired (a tripwire's only), in the audit record and the page.
+    ``Refused`` 422 (audited) for a scope that does not parse, an empty reason or a rule named by
+    another role, 409 ``idempotency_conflict`` for a key used before for another stop."""
     registry = plane.open.registry
-    fingerprint = _fingerprint("stop.issue", scope, reason, expires_at)
+    if rule is not None and caller.role != "tripwire":
+        raise await plane.refuse(caller, "stop.issue", scope, invalid("rule: only a tripwire names the rule that fired"))
+    # The rule only when named, so a key's fingerprint from before rules were named is unchanged.
+    fingerprint = _fingerprint("stop.issue", scope, reason, expires_at, *([rule] if rule else []))
     try:
         async with plane.transaction():
             earlier = await _replayed(plane, caller, request_key, fingerprint)
             if earlier is not None:
                 return earlier
             now = time.time()
-            stop = await record(plane, caller, scope, reason, now, expires_at)
+            stop = await record(plane, caller, scope, reason, now, expires_at, **({"rule": rule} if rule else {}))
             if request_key is not None:
                 await registry.remember(caller.name, request_key, fingerprint, stop.stop_id)
             escalated = await escalate(plane, caller, stop, now, record)

@@ -202,7 +202,7 @@ class StopWriter:
                 "fired_at": trip.at,
             }
         else:
-            path, body = "/v1/stops", {"scope": trip.scope, "reason": trip.reason}
+            path, body = "/v1/stops", {"scope": trip.scope, "reason": trip.reason, "rule": trip.rule}
         try:
             with anyio.fail_after(REQUEST_TIMEOUT_S):
                 response = await self._http.request(

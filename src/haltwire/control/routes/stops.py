@@ -29,7 +29,7 @@ from starlette.types import Message
 from haltwire.control import audit, stops
 from haltwire.control.errors import Refused, invalid
 from haltwire.control.plane import MAX_AUDIT_TEXT
-from haltwire.control.routes.fields import IdPath, Text
+from haltwire.control.routes.fields import IdPath, Name, Text
 from haltwire.control.routes.views import (
     AuditHead,
     AuditList,
@@ -64,6 +64,10 @@ class IssueBody(Body):
     )
     reason: Text
     expires_at: float | None = Field(default=None, allow_inf_nan=False)  # inf made every stops list a 500
+    rule: Name | None = Field(
+        default=None,
+        description="the rule that fired (role tripwire only): in the stop's audit record and its page",
+    )
 
 
 class ClearBody(Body):
@@ -94,7 +98,8 @@ async def issue_stop(request: Request) -> Response:
     who = await caller(request, "stop.issue", write=True)
     asked = await body(request, who, IssueBody, "stop.issue")
     key = _request_key(request)
-    return _written(await stops.issue(plane, who, asked.scope, asked.reason, asked.expires_at, key), 201)
+    written = await stops.issue(plane, who, asked.scope, asked.reason, asked.expires_at, key, rule=asked.rule)
+    return _written(written, 201)
 
 
 async def clear_stop(request: Request, stop_id: IdPath) -> Response:
