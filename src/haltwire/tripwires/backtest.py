@@ -183,7 +183,8 @@ class Replay:
         wire = {"isError": outcome == "error", "content": [{"type": "text", "text": r.get("result_sha256", "")}]}
         result: dict[str, Any] | Refusal | None = wire if "result_sha256" in r else None
         if outcome not in ("ok", "error", "cancelled") and result is None:
-            result = Refusal(outcome, "(replayed)", False)
+            # The log keeps a refusal's code, not its words: replayed as a recorded refusal.
+            result = Refusal.from_error({"code": outcome, "message": "(replayed)", "retryable": False})
         if stage == "latch":
             p.result = wire  # an unknown tool: an error
             return
