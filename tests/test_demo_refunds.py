@@ -5,7 +5,8 @@ shop, the gateway, the executor and on-call's webhook receiver as processes of t
 checks what it printed against the seed: five refunds applied by the shop per run, the sixth
 refused at the gateway by the per-run tripwire, whose stop the tripwire identity wrote naming
 the rule, the content rule's shadow firing recorded before the first refund, the run report
-equal to the shop's own ledger, and a page received for the run that matches its report.
+equal to the shop's own ledger, a page received for the run that matches its report, and the
+gateway's call log replayed (``haltwire tripwires test``) firing the same rules at the same calls.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 from typing import Any
 
 import pytest
+import tomli_w
 
 from haltwire.demo.refunds_stack import CONTENT_RULE, PAGER, RUN_RULE, TRIPWIRE
 from haltwire.demo.shop import INJECTED_ORDER, ORDERS
@@ -33,6 +37,16 @@ def demo(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=timeout,
+    )
+
+
+def replay(config: Path, log: Path) -> subprocess.CompletedProcess[str]:
+    command = ["tripwires", "test", "--config", str(config), "--log", str(log), "--expect-same", "--json"]
+    return subprocess.run(
+        [sys.executable, "-m", "haltwire", *command],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -105,11 +119,18 @@ def test_fifty_runs_are_each_capped_at_exactly_five_refunds_and_the_report_match
         # The page goes out once the stop commits: before or after the demo's renewal, as it happens.
         assert events["stop written"] <= events["lease renewal refused"], name
         assert events["stop written"] <= events["on-call paged"] <= events["stop cleared"], name
+    # The call log replayed: per run, the same two firings at the same calls as live, no other.
+    backtest = out["backtest"]
+    assert backtest["same"] and backtest["deviations"] == {} and backtest["rules"] == 3
+    by_run = {r["run_id"]: sorted((f["rule"], f["tool"], f["in_log"]) for f in backtest["firings"] if f["run"] == r["run_id"]) for r in runs}  # fmt: skip
+    expected = sorted([(CONTENT_RULE, "read_order", True), (RUN_RULE, "issue_refund", True)])
+    assert all(found == expected for found in by_run.values()), by_run
+    assert len(backtest["firings"]) == 2 * RUNS
     print(f"{RUNS} runs: stack up in {out['stack_start_s']} s, {out['elapsed_s']} s in all")
 
 
-def test_one_run_prints_the_timeline_the_report_the_ledger_and_the_reversal_script() -> None:
-    done = demo(timeout=100)
+def test_one_run_prints_the_timeline_the_report_the_ledger_and_the_reversal_script(tmp_path: Path) -> None:
+    done = demo("--keep", str(tmp_path), timeout=100)
     assert done.returncode == 0, done.stderr[-3000:]
     text = done.stdout
     for line in (
@@ -149,3 +170,33 @@ def test_one_run_prints_the_timeline_the_report_the_ledger_and_the_reversal_scri
     ]
     # Each reversal names a refund the shop applied (the ledger table lists it too).
     assert all(text.count(r[1]) >= 4 for r in reversals)  # the timeline, report, ledger and script
+    # The call log it kept (--keep), as a user replays it.
+    assert "the same firings at the same calls as live" in text
+    the_kept_log_replays_to_the_same_firings_and_a_lower_limit_fires_earlier(tmp_path, run_id)
+
+
+def the_kept_log_replays_to_the_same_firings_and_a_lower_limit_fires_earlier(tmp_path: Path, run_id: str) -> None:
+    config, log = tmp_path / "gateway.toml", tmp_path / "calls.jsonl"
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    refunds = [i for i, r in enumerate(records) if r["tool"] == "issue_refund" and r["run"] == run_id]
+    assert len(refunds) == 6 and records[refunds[5]]["outcome"] == "tripwire_tripped"
+    assert "arguments" not in records[0] and "amount_cents" not in log.read_text()  # no raw arguments
+    # As ``haltwire tripwires test`` replays it: the same firings at the same calls, exit 0.
+    same = replay(config, log)
+    assert same.returncode == 0, same.stdout + same.stderr
+    out = json.loads(same.stdout)
+    assert out["same"] and out["calls"] == len(records)
+    assert sorted((f["rule"], f["index"]) for f in out["firings"]) == sorted(
+        [(RUN_RULE, refunds[5]), (CONTENT_RULE, max(i for i, r in enumerate(records[: refunds[0]]) if r["tool"] == "read_order"))]
+    )  # fmt: skip
+    # What if the limit had been 4: the replay fires at the fifth refund, and says it differs.
+    data = tomllib.loads(config.read_text())
+    for rule in data["tripwires"]:
+        if rule["name"] == RUN_RULE:
+            rule["limit"] = 4
+    config.write_text(tomli_w.dumps(data))
+    lower = replay(config, log)
+    assert lower.returncode == 1, lower.stdout + lower.stderr
+    out = json.loads(lower.stdout)
+    fired = [(f["index"], f["in_log"]) for f in out["firings"] if f["rule"] == RUN_RULE and f.get("replayed") is not False]
+    assert fired == [(refunds[4], False)] and not out["same"]

@@ -108,6 +108,20 @@ class Processes:
             if service.process.poll() is not None:
                 raise service.failed(f"exited with status {service.process.returncode}")
 
+    def stop(self, service: Service) -> None:
+        """SIGTERM to one process; ``StackFailed`` if it is still there after the grace period
+        (then killed) or exits with a failure."""
+        if service.process.poll() is None:
+            service.process.send_signal(signal.SIGTERM)
+        try:
+            status = service.process.wait(GRACE_S)
+        except subprocess.TimeoutExpired:
+            service.process.kill()
+            service.process.wait()
+            raise service.failed(f"still running {GRACE_S:g} s after SIGTERM") from None
+        if status != 0:
+            raise service.failed(f"exited with status {status} on SIGTERM")
+
     def close(self) -> None:
         """SIGTERM to every process, SIGKILL to those still there after the grace period."""
         for service in reversed(self.services):

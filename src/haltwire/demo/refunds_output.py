@@ -1,11 +1,12 @@
 """What ``haltwire demo refunds`` prints of a run: its JSON, or the timeline, the run report beside
-the shop's own ledger, the page on-call received and the reversal script; and the summary table
-of many runs.
+the shop's own ledger, the page on-call received and the reversal script; the summary table
+of many runs; and the replay of the gateway's call log.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from rich import box
@@ -14,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from haltwire.demo.oncall import page_lines
+from haltwire.demo.refunds_backtest import Backtest
 from haltwire.demo.refunds_reversal import reversal_script
 from haltwire.demo.refunds_run import RunResult
 from haltwire.demo.refunds_timeline import timeline
@@ -136,3 +138,18 @@ def render_summary(console: Console, results: list[RunResult]) -> None:
             f"{r.elapsed_s * 1000:,.0f}",
         )  # fmt: skip
     console.print(table)
+
+
+def render_backtest(console: Console, bt: Backtest, run_id: str, kept: tuple[Path, Path] | None) -> None:
+    """The replay of the call log: whether it matched, and the first run's firings."""
+    console.print("\n[bold]The gateway's call log, replayed[/bold] (haltwire tripwires test)")
+    verdict = "the same firings at the same calls as live" if bt.same else "[red]firings differ from live[/red]"
+    console.print(f"{bt.calls} calls replayed through the gateway's {bt.rules} tripwires: {verdict}")
+    for f in bt.firings:
+        if f["run"] == run_id:
+            seen = "live only" if f.get("replayed") is False else ("as live" if f["in_log"] else "[red]not live[/red]")
+            console.print(f"  {f['rule']} ({f['mode']}) at call {f['index']}, {f['tool']}: {seen}")
+    if kept:
+        config, log = kept
+        console.print(f"kept {config} and {log}; replay them with")
+        console.print(Text(f"  haltwire tripwires test --config {config} --log {log} --expect-same"))

@@ -8,7 +8,8 @@ shop's irreversible calls as intents, which the executor commits, and runs the s
 (``[[tripwires]]``): at most ``PER_TENANT_PER_HOUR`` refunds per tenant per hour, a stop for any
 run with more than ``PER_RUN`` refunds, and the built-in content detector in shadow mode on
 ``read_order`` (the tool that returns the reviews). It writes their stops and shadow firings as
-the tripwire identity ``gateway-tripwires`` on the control plane's admin listener.
+the tripwire identity ``gateway-tripwires`` on the control plane's admin listener, and every call
+to its call log (``[call_log]``, ``calls.jsonl``), which the demo replays once the runs are over.
 
 Each run of ``--runs N`` is the support agent of a tenant of its own (``tenant(n)``): the runs
 of one tenant would share its hourly rate, and the fifth would be stopped at its first refund.
@@ -24,7 +25,7 @@ from typing import Any, Final
 
 import tomli_w
 
-from haltwire.demo.processes import Processes, free_port
+from haltwire.demo.processes import Processes, Service, free_port
 from haltwire.demo.support_agent import AUDIENCE
 
 #: The tripwires: at most ``PER_RUN`` refunds a run, ``PER_TENANT_PER_HOUR`` a tenant an hour.
@@ -119,9 +120,11 @@ def tripwires() -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def gateway_config(port: int, control_url: str, admin_url: str, shop_url: str, tenants: int) -> dict[str, Any]:
+def gateway_config(
+    port: int, control_url: str, admin_url: str, shop_url: str, tenants: int, call_log: Path | None = None
+) -> dict[str, Any]:
     """The gateway (and the executor, which reads the same file): leases required, intents on,
-    the tripwires, their stops written on the admin listener."""
+    the tripwires, their stops written on the admin listener, every call in ``call_log``."""
     return {
         "gateway": {"development": True, "port": port},
         "control": {"url": control_url, "token": TOKENS["gateway"], "staleness_s": 5.0},
@@ -130,6 +133,7 @@ def gateway_config(port: int, control_url: str, admin_url: str, shop_url: str, t
         "executor": {"token": TOKENS["executor"], "poll_s": 0.05, "retry_s": 0.1},
         "tripwire_stops": {"url": admin_url, "token": TOKENS["tripwire"]},
         "tripwires": tripwires(),
+        **({"call_log": {"path": str(call_log)}} if call_log else {}),
         "identities": [
             {"agent": AGENT, "tenant": tenant(n), "version": "1.0", "token": agent_token(n), "lease": "required"}
             for n in range(1, tenants + 1)
@@ -157,13 +161,16 @@ class Stack:
         self.enforcement_url = f"http://127.0.0.1:{free_port()}"
         self.shop_url = f"http://127.0.0.1:{free_port()}"
         self.gateway_url = f"http://127.0.0.1:{free_port()}"
+        self.gateway_toml = directory / "gateway.toml"
+        self.call_log = directory / "calls.jsonl"
+        self.gateway: Service | None = None
 
     @staticmethod
     def _port(url: str) -> int:
         return int(url.rsplit(":", 1)[1])
 
     def start(self) -> None:
-        cp_toml, gw_toml = self.directory / "control.toml", self.directory / "gateway.toml"
+        cp_toml, gw_toml = self.directory / "control.toml", self.gateway_toml
         control_data = control_config(
             self.directory / "control.db",
             self._port(self.control_url),
@@ -174,7 +181,12 @@ class Stack:
         )
         cp_toml.write_text(tomli_w.dumps(control_data))
         gateway_data = gateway_config(
-            self._port(self.gateway_url), self.enforcement_url, self.admin_url, self.shop_url, self.tenants
+            self._port(self.gateway_url),
+            self.enforcement_url,
+            self.admin_url,
+            self.shop_url,
+            self.tenants,
+            self.call_log,
         )
         gw_toml.write_text(tomli_w.dumps(gateway_data))
         spawn = self.processes.spawn
@@ -189,10 +201,15 @@ class Stack:
         control.wait_http(f"{self.control_url}/healthz")
         control.wait_http(f"{self.admin_url}/healthz")
         control.wait_http(f"{self.enforcement_url}/healthz")
-        gateway = spawn("gateway", "-m", "haltwire", "gateway", "--config", str(gw_toml))
+        self.gateway = spawn("gateway", "-m", "haltwire", "gateway", "--config", str(gw_toml))
         executor = spawn("executor", "-m", "haltwire", "executor", "--config", str(gw_toml))
-        gateway.wait_http(f"{self.gateway_url}/readyz")
+        self.gateway.wait_http(f"{self.gateway_url}/readyz")
         executor.wait_log("committing intents")
+
+    def stop_gateway(self) -> None:
+        """Stop the gateway as an operator would (SIGTERM): it writes its call log's last records."""
+        if self.gateway is not None:
+            self.processes.stop(self.gateway)
 
 
 @contextmanager
