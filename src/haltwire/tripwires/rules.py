@@ -237,7 +237,7 @@ def count_key(rule: TripwireRule, identity: Identity, run: str | None, window: i
     elif rule.per == "agent":
         base = f"{rule.name}:agent:{quoted(identity.agent)}"
     else:
-        base = f"{rule.name}:run:{quoted(identity.tenant)}/{quote(run or '', safe='')}"
+        base = f"{rule.name}:run:{quoted(identity.tenant)}/{quoted(run or '')}"
     return base if window is None else f"{base}:{window}"
 
 
@@ -248,7 +248,7 @@ HELD: Final = "held"
 def hold_key(rule: TripwireRule | str, scope: str) -> str:
     """The name a trip is held under in shared counters (``engine.Tripwires._hold``)."""
     name = rule if isinstance(rule, str) else rule.name
-    return f"{name}:held:{quote(scope, safe='')}"
+    return f"{name}:held:{quoted(scope)}"
 
 
 def over_limit(
@@ -278,5 +278,6 @@ def shown_note(note: Note) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def quoted(text: str) -> str:
-    """A tenant or agent id as part of a key (cached: one per identity, read on every call)."""
+    """A tenant, agent, run id or scope as part of a key (cached: the same few are read on every
+    call of a run)."""
     return quote(text, safe="")
