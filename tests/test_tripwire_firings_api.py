@@ -46,14 +46,21 @@ async def test_a_firing_is_recorded_once_and_shows_in_the_run_report(store: dict
         assert (r.status_code, r.json()) == (200, {"recorded": True}), r.text
         r = await post(client, body)  # a retry whose answer was lost
         assert (r.status_code, r.json()) == (200, {"recorded": False}), r.text
-        (record,) = [a for a in await stores.audit.records() if a.action == "stop.shadow"]
+        # The same id on another scope or with another reason is not a second firing either.
+        for other in (firing("tenant:acme"), {**body, "reason": "another"}):
+            r = await post(client, other)
+            assert (r.status_code, r.json()) == (200, {"recorded": False}), r.text
+        r = await post(client, {**body, "firing_id": "tripwire-def"})  # another firing of the run
+        assert (r.status_code, r.json()) == (200, {"recorded": True}), r.text
+        record, _ = [a for a in await stores.audit.records() if a.action == "stop.shadow"]
+        assert record.detail["firing_id"] == "tripwire-abc"
         assert (record.target, record.role, record.detail["run_id"]) == (f"run:{run_id}", "tripwire", run_id)
         assert record.detail["fired_at"] == body["fired_at"] and record.detail["rule"] == "refunds-per-run"
         assert record.reason.startswith(f"would have stopped run:{run_id}: tripwire refunds-per-run")
         r = await client.get(f"/v1/runs/{run_id}/report", headers=bearer("operator"))
         assert r.status_code == 200, r.text
         report = r.json()
-        assert [e["action"] for e in report["timeline"] if e["action"] == "stop.shadow"] == ["stop.shadow"]
+        assert [e["action"] for e in report["timeline"] if e["action"] == "stop.shadow"] == ["stop.shadow"] * 2
         assert report["stops"] == [], "a shadow firing stops nothing"
 
 

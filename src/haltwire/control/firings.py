@@ -5,12 +5,16 @@ the would-be firing (``POST /v1/tripwire-firings``, role ``tripwire``), and ``re
 as one ``stop.shadow`` audit record (the action the control plane's own shadow rules use), its
 target the scope it would have stopped, with the rule, its kind, when it would have fired
 (``fired_at``, the gateway's clock) and, for a run, the run's id, so the run report's timeline
-shows it, and it is paged as a shadow firing (``[[notify]]``). A gateway retries a report whose answer it lost: the firing id makes a repeat harmless.
+shows it, and it is paged as a shadow firing (``[[notify]]``). A gateway retries a report whose
+answer it lost: the firing id makes a repeat harmless. It is kept as a request key of the
+reporting identity (the registry's, as for stops: one indexed read, not a scan of the target's
+audit records), ``shadow-firing:ID``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from dataclasses import astuple, dataclass
 from typing import Final
 
 from haltwire.control.config import Caller
@@ -18,6 +22,8 @@ from haltwire.control.errors import invalid
 from haltwire.control.pages import Event, page
 from haltwire.control.plane import Plane
 from haltwire.scope import Scope, ScopeError
+from haltwire.store.audit import canonical_json
+from haltwire.store.registry import RequestConflict
 
 #: The audit action (shared with the control plane's own shadow rules) and the ``ROLES`` action.
 ACTION: Final = "stop.shadow"
@@ -42,10 +48,16 @@ async def record(plane: Plane, caller: Caller, firing: Firing) -> bool:
     except ScopeError as exc:
         raise await plane.refuse(caller, RECORD, "", invalid(str(exc))) from None
     run = {"run_id": scope.value} if scope.kind == "run" else {}
+    key = f"shadow-firing:{firing.firing_id}"
+    fingerprint = hashlib.sha256(canonical_json(list(astuple(firing))).encode()).hexdigest()
     async with plane.transaction():
-        earlier = await plane.open.audit.records(target=str(scope))
-        if any(r.action == ACTION and r.detail.get("firing_id") == firing.firing_id for r in earlier):
-            return False
+        registry = plane.open.registry
+        try:
+            if await registry.requested(caller.name, key, fingerprint) is not None:
+                return False
+        except RequestConflict:
+            return False  # the id came with other content: the first report stands
+        await registry.remember(caller.name, key, fingerprint, "")
         await plane.audit(
             caller,
             ACTION,
