@@ -216,3 +216,25 @@ async def test_an_agent_named_as_an_executor_in_another_tenant_owns_none_of_its_
 def test_an_agent_may_not_share_an_executors_name_in_its_tenant(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="executor-1"):
         parse_control_config(config(tmp_path, {"ex-1": ("executor-1", "default", "0")}))
+
+
+async def test_another_tenants_idempotency_key_answers_nothing_of_its_intent(tmp_path: Path) -> None:
+    # Keys are unique per agent id in the store: beta's a1 reusing acme's a1 key must not be
+    # answered acme's intent (its state, its outcome) nor its id.
+    async with plane(tmp_path) as client:
+        body = {
+            "agent": "a1",
+            "tenant": "acme",
+            "version": "2.1",
+            "tool": "refund",
+            "arguments": {"order": 7},
+            "idempotency_key": "k-1",
+        }
+        acme = (await client.post("/v1/intents", json=body, headers=auth("gateway"))).json()
+        for arguments in ({"order": 7}, {"order": 8}):
+            beta = {**body, "tenant": "beta", "arguments": arguments}
+            r = await client.post("/v1/intents", json=beta, headers=auth("gateway"))
+            assert (r.status_code, r.json()["error"]["code"]) == (409, "idempotency_conflict"), r.text
+            assert acme["intent_id"] not in r.text
+        r = await client.get("/v1/intents", headers=auth("viewer"))
+        assert [i["intent_id"] for i in r.json()["intents"]] == [acme["intent_id"]]
