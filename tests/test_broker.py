@@ -172,9 +172,9 @@ async def test_a_run_gets_a_credential_the_jwks_verifies(tmp_path: Path, store: 
         with pytest.raises(jwt.InvalidAudienceError):
             jwt.decode(body["token"], public, algorithms=["EdDSA"], audience="billing")
 
-        # Refusals: another agent's run, an unknown run, an unknown audience, a role that may not.
+        # Refusals: another tenant's run (as unknown), an unknown run, an unknown audience, a role.
         r = await credential(client, "r-1", who="agent-2")
-        assert (r.status_code, code_of(r)) == (403, "forbidden")
+        assert (r.status_code, code_of(r)) == (404, "unknown_run")
         r = await credential(client, "r-nope")
         assert (r.status_code, code_of(r)) == (404, "unknown_run")
         r = await credential(client, "r-1", audience="payroll")
@@ -373,9 +373,9 @@ async def test_the_credential_map_lists_every_credential_and_the_cli_prints_it(
         assert [c["jti"] for c in listed] == [b["jti"] for b in bodies]
         assert listed[1] == {k: v for k, v in bodies[1].items() if k != "token"} | {"run_id": "r-1"}
         assert all("token" not in c for c in listed)
-        # The owner reads its own run's map; another agent may not.
+        # The owner reads its own run's map; another tenant's agent finds no such run.
         assert (await client.get("/v1/runs/r-1/credentials", headers=auth("agent"))).status_code == 200
-        assert (await client.get("/v1/runs/r-1/credentials", headers=auth("agent-2"))).status_code == 403
+        assert (await client.get("/v1/runs/r-1/credentials", headers=auth("agent-2"))).status_code == 404
         assert (await client.get("/v1/runs/r-nope/credentials", headers=auth("viewer"))).status_code == 404
 
         url = str(client.base_url).rstrip("/")
@@ -503,7 +503,7 @@ async def test_broker_responses_match_the_openapi_document(tmp_path: Path) -> No
         r = await credential(client, "r-1")
         assert r.status_code == 201 and conforms(r, "post", issue_path)["kid"] == "k1"
         for who, run_id, audience, status in (
-            ("agent-2", "r-1", "orders", 403),
+            ("agent-2", "r-1", "orders", 404),  # another tenant's run
             ("agent", "r-nope", "orders", 404),
             ("agent", "r-1", "payroll", 422),
         ):
@@ -515,7 +515,7 @@ async def test_broker_responses_match_the_openapi_document(tmp_path: Path) -> No
         r = await client.get("/v1/runs/r-1/credentials", headers=auth("viewer"))
         assert len(conforms(r, "get", issue_path)["credentials"]) == 1
         r = await client.get("/v1/runs/r-1/credentials", headers=auth("agent-2"))
-        assert r.status_code == 403 and conforms(r, "get", issue_path)
+        assert r.status_code == 404 and conforms(r, "get", issue_path)
         assert len(conforms(await client.get(jwks_path), "get", jwks_path)["keys"]) == 1
     async with plane({"backend": "sqlite", "path": str(tmp_path / "d.db")}, None) as client:
         await register(client, run_id="r-1")

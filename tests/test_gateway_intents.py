@@ -121,15 +121,25 @@ async def test_an_irreversible_call_is_recorded_as_an_intent_and_never_reaches_t
         assert demo.served["progress"] == 1 and demo.served["lookup_order"] == 0
 
 
+#: ops-bot's agent id in another tenant.
+BETA_OPS = "tok-beta-ops"
+
+
+def with_beta(config: dict[str, Any]) -> dict[str, Any]:
+    beta = {"agent": "ops-bot", "tenant": "beta", "version": "1.0", "token": BETA_OPS}
+    return {**config, "identities": [*config["identities"], beta]}
+
+
 async def test_an_approval_tool_waits_and_the_status_tool_reads_only_the_agents_own_intents(
     tmp_path: Path,
 ) -> None:
     async with (
         control_plane(tmp_path / "control.db") as cp,
         running_upstream() as (demo, up),
-        running_gateway(intents_config(up, cp)) as (_, url),
+        running_gateway(with_beta(intents_config(up, cp))) as (_, url),
         connect(url, TOKENS["ops-bot"]) as ops,
         connect(url, TOKENS["billing-bot"]) as billing,
+        connect(url, BETA_OPS) as beta_ops,
     ):
         waiting = intent_of(await call(ops, "sleep", {"seconds": 0}))
         assert waiting["state"] == "awaiting_approval"
@@ -158,6 +168,9 @@ async def test_an_approval_tool_waits_and_the_status_tool_reads_only_the_agents_
         other = error_of(await billing.call_tool(INTENT_TOOL, {"intent_id": pending["intent_id"]}))
         assert other["code"] == "forbidden" and "another agent" in other["message"]
         assert "ops-bot" not in str(other), "another agent's intent reveals nothing of it"
+        # ops-bot of another tenant: acme's ops-bot intent answers as one that does not exist.
+        foreign = error_of(await beta_ops.call_tool(INTENT_TOOL, {"intent_id": pending["intent_id"]}))
+        assert (foreign["code"], foreign["message"]) == ("unknown_intent", f"No intent has the id {pending['intent_id']}.")
         unknown = error_of(await ops.call_tool(INTENT_TOOL, {"intent_id": "int_nope"}))
         assert unknown["code"] == "unknown_intent"
         assert demo.snapshot()["total_served"] == 0

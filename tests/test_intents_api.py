@@ -450,10 +450,11 @@ async def test_lists_filter_by_run_state_and_limit(store: dict[str, Any]) -> Non
 
 async def test_an_agent_reads_only_its_own_intents(tmp_path: Path) -> None:
     async with plane(sqlite(tmp_path)) as (client, _):
-        mine, theirs = await propose(client, "k-1"), await propose(client, "k-1", agent="a2")
+        mine, theirs = await propose(client, "k-1"), await propose(client, "k-1", agent="a2", tenant="beta")
         assert (await get(client, mine["intent_id"], "agent")) == mine
+        # agent-2 is of another tenant: agent-1's intent answers as unknown (test_tenant_runs.py).
         r = await client.get(f"/v1/intents/{mine['intent_id']}", headers=auth("agent-2"))
-        assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
+        assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_intent"
         assert (await get(client, theirs["intent_id"], "agent-2")) == theirs
         r = await client.get("/v1/intents/int_nope", headers=auth("agent"))
         assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_intent"
@@ -606,7 +607,7 @@ async def test_intent_responses_match_the_document(tmp_path: Path) -> None:
         r = await client.get(f"/v1/intents/{created['intent_id']}", headers=auth("agent"))
         assert (await check(r, "get", one, 200))["state"] == "committed"
         r = await client.get(f"/v1/intents/{created['intent_id']}", headers=auth("agent-2"))
-        await check(r, "get", one, 403)
+        await check(r, "get", one, 404)  # another tenant's: answered as unknown
         r = await client.get("/v1/intents", params={"state": "committed"}, headers=auth("viewer"))
         assert len((await check(r, "get", "/v1/intents", 200))["intents"]) == 1
         r = await client.get("/v1/intents", params={"state": "nope"}, headers=auth("viewer"))

@@ -249,7 +249,7 @@ async def test_batched_renewal_answers_each_run(store: dict[str, Any]) -> None:
         assert codes == {
             "r-stopped": "stopped",
             "r-ended": "run_ended",
-            "r-foreign": "forbidden",
+            "r-foreign": "unknown_run",  # another tenant's: answered as unknown
             "r-unknown": "unknown_run",
         }
         assert body["refused"]["r-stopped"]["stop_id"] == stop["stop_id"]
@@ -271,10 +271,11 @@ async def test_ownership_and_request_errors(store: dict[str, Any]) -> None:
             ("GET", "/v1/runs/r-1"),
             ("GET", "/v1/runs/r-1/checkpoint"),
         ):
+            # agent-2 is of another tenant: its runs answer as unknown (test_tenant_runs.py).
             r = await client.request(method, path, headers=auth("agent-2"))
-            assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", (path, r.text)
+            assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_run", (path, r.text)
         r = await client.put("/v1/runs/r-1/checkpoint", json={"data": {}}, headers=auth("agent-2"))
-        assert r.status_code == 403
+        assert r.status_code == 404
 
         cases = [
             ({"run_id": "r-1"}, 409, "run_exists"),
@@ -311,10 +312,11 @@ async def test_ownership_and_request_errors(store: dict[str, Any]) -> None:
         assert ("run.register", "r-3", "refused") in outcomes  # stopped
         assert ("run.end", "r-1", "refused") in outcomes  # agent-2 tried
         assert ("run.end", "r-2", "ok") in outcomes
-        # agent-2 renewed r-1 once above; again now: its forbidden renewal is audited once.
-        assert (await renew(client, "r-1", "agent-2")).status_code == 403
+        # agent-2 renewed r-1 once above; again now: its refused renewal is audited once.
+        assert (await renew(client, "r-1", "agent-2")).status_code == 404
         foreign = [r for r in await audit(client) if r["action"] == "lease.renew" and r["actor"] == "agent-2"]
-        assert [(r["target"], r["detail"]["code"]) for r in foreign] == [("r-1", "forbidden")]
+        assert [(r["target"], r["detail"]["code"]) for r in foreign] == [("r-1", "unknown_run")]
+        assert "another tenant" in foreign[0]["reason"]
 
 
 async def test_without_lease_keys_registration_and_renewal_answer_501(tmp_path: Path) -> None:
@@ -427,6 +429,9 @@ async def test_every_run_endpoint_against_every_role_and_no_token(tmp_path: Path
                 want[endpoint, role] = (
                     ok.get(endpoint, 200) if role in allowed else (401 if role is None else 403)
                 )
+                if (endpoint, role) in (("renew", "executor"), ("end", "executor")):
+                    # An agent's run of tenant acme: another tenant's to the executor's own runs.
+                    want[endpoint, role] = 404
         assert got == want
 
 

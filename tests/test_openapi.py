@@ -54,7 +54,8 @@ generation.max-examples = 10
 LEASES = {"signing_key": "k1", "keys": [{"kid": "k1", "secret": "k1-secret-" + "x" * 32}]}
 #: The credential broker with an ephemeral key (development only).
 BROKER = {"ttl_s": 300, "audiences": ["orders"], "generate": True}
-OTHER_AGENT = {"name": "agent-2", "role": "agent", "token": "tok-agent2", "agent": "a2", "tenant": "beta"}
+#: Another agent of agent-1's tenant: its runs answer 403 (another tenant's answer as unknown).
+OTHER_AGENT = {"name": "agent-2", "role": "agent", "token": "tok-agent2", "agent": "a2", "tenant": "acme"}
 
 
 @asynccontextmanager

@@ -249,7 +249,7 @@ async def test_the_report_against_every_role_an_unknown_run_and_no_token(tmp_pat
         want: dict[str | None, int] = {role: 200 if role in allowed else 403 for role in ROLES}
         assert got == {
             **want,
-            "agent-2": 403,  # another agent's run
+            "agent-2": 404,  # another tenant's run: answered as unknown
             None: 401,
         }
         r = await client.get("/v1/runs/r-1/report", headers=auth("gateway"))

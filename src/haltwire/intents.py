@@ -196,6 +196,12 @@ def new_intent(
 
 def recorded(existing: Intent, new: Intent) -> Created:
     """The first intent for a repeated key, if the repeat asks for the same call."""
+    if existing.tenant != new.tenant:
+        # Keys are unique per agent id in the store: nothing of another tenant's intent shows.
+        raise IdempotencyConflict(
+            f"the idempotency key {new.idempotency_key!r} of agent {new.agent!r} names another call; "
+            "a key names one call: use another"
+        )
     if existing.tool != new.tool or canonical(existing.arguments) != canonical(new.arguments):
         raise IdempotencyConflict(
             f"the idempotency key {new.idempotency_key!r} of agent {new.agent!r} was used for "

@@ -3,13 +3,20 @@
 A caller is resolved from the request's bearer token only (a SHA-256 dict lookup), then allowed
 or refused by role (``ROLES``, which the role-matrix test checks). A refused write by a known
 caller is audited; an unknown token is refused without a record, so it cannot flood the log.
+
+Whose a run is (``ownership``, the one rule every run, intent and ``run:`` stop check uses): the
+identity's that registered it, the same agent id in the same tenant; any version of that agent
+(a new version resumes and renews its tenant's runs, as ``version:`` stops tell them apart). A
+run of another tenant is answered as a run that does not exist (404 ``unknown_run``, audited as
+refused), so an agent cannot learn another tenant's run ids; another agent's run in the caller's
+tenant is 403 ``forbidden``.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Final, get_args
+from typing import Final, Literal, get_args
 
 from haltwire import refusal
 from haltwire.control.config import Caller, Role
@@ -58,6 +65,9 @@ ROLES: Final[Mapping[str, frozenset[str]]] = {
     "whoami": frozenset(get_args(Role)),
 }
 
+#: Whose a run (or an intent) is, as a caller sees it (``ownership``).
+Ownership = Literal["own", "another_agent", "another_tenant"]
+
 #: Roles that see only the stops that can stop them (``visible_to``), on every read and the watch.
 NARROWED: Final = frozenset({"agent"})
 
@@ -98,6 +108,17 @@ async def authorize(plane: Plane, caller: Caller, action: str, target: str = "",
     raise Refused(403, "forbidden", message, needed_roles=sorted(needed))
 
 
+def ownership(caller: Caller, agent: str, tenant: str) -> Ownership:
+    """Whose a run or an intent of ``agent`` in ``tenant`` is to ``caller``: its own when the
+    caller's identity registered it (agent id and tenant; the version may differ). An executor's
+    runs carry its name as agent. Roles that hold no runs are not narrowed by this (``ROLES``)."""
+    if caller.runs_as is None:
+        return "own"
+    if caller.tenant != tenant:  # checked first: nothing of another tenant's run shows
+        return "another_tenant"
+    return "own" if caller.runs_as == agent else "another_agent"
+
+
 async def visible_to(plane: Plane, caller: Caller, scope: str) -> bool:
     """An agent sees only the stops that can stop it: global ones, and those on its agent id,
     its tenant, a version of its agent, or one of its runs (``NARROWED``). Other roles see all."""
@@ -108,5 +129,6 @@ async def visible_to(plane: Plane, caller: Caller, scope: str) -> bool:
     if scope.startswith(f"version:{caller.agent}@"):
         return True
     if scope.startswith("run:"):
-        return await plane.run_agent(scope.removeprefix("run:")) == caller.agent
+        owner = await plane.run_owner(scope.removeprefix("run:"))
+        return owner is not None and ownership(caller, *owner) == "own"
     return False

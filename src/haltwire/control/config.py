@@ -380,6 +380,16 @@ class ControlConfig(ConfigModel):
             raise ValueError("intent_limits: one limit per tool")
         if "default" not in self.agent_classes:
             raise ValueError("agent_classes: a 'default' class is needed")
+        # An executor's runs carry its name as agent: an agent of its tenant by that id would own them.
+        executors = {(i.name, i.tenant) for i in self.identities if i.role == "executor"}
+        clashes = sorted(
+            f"{i.agent} (tenant {i.tenant})" for i in self.identities if (i.agent, i.tenant) in executors
+        )
+        if clashes:
+            raise ValueError(
+                f"identities: an agent id is an executor's name in the same tenant: {', '.join(clashes)}; "
+                "rename one (an executor's runs carry its name as agent)"
+            )
         hashes = [i.token_sha256 or token_sha256(i.token or "") for i in self.identities]
         if len(set(hashes)) != len(hashes):
             raise ValueError("identities: two identities share one token")

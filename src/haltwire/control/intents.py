@@ -19,6 +19,7 @@ import time
 from dataclasses import asdict
 from typing import Any, Final, Literal
 
+from haltwire.control.access import ownership
 from haltwire.control.config import Caller
 from haltwire.control.errors import Refused, invalid, stopped_by
 from haltwire.control.plane import Plane
@@ -96,11 +97,15 @@ async def create(plane: Plane, caller: Caller, **fields: Any) -> tuple[Intent, b
 
 
 async def readable(plane: Plane, caller: Caller, intent_id: str) -> Intent:
-    """The intent, if the caller may read it (an agent reads its own only)."""
+    """The intent, if the caller may read it (an agent reads its own only, as its runs:
+    ``access.ownership``; another tenant's is answered as unknown)."""
     intent = await plane.open.intents.get(intent_id)
     if intent is None:
         raise _unknown(intent_id)
-    if caller.role == "agent" and intent.agent != caller.agent:
+    whose = ownership(caller, intent.agent, intent.tenant) if caller.role == "agent" else "own"
+    if whose == "another_tenant":
+        raise _unknown(intent_id)
+    if whose == "another_agent":
         raise Refused(403, "forbidden", f"intent {intent_id} belongs to another agent than {caller.agent}")
     return intent
 

@@ -25,8 +25,8 @@ from haltwire.control.stores import Stores
 from haltwire.store.audit import Head, Outcome
 from haltwire.store.registry import RegistryUnavailable
 
-#: Runs whose agent is cached (a run never changes hands); cleared when full.
-_RUN_AGENTS_MAX: Final = 100_000
+#: Runs whose agent and tenant are cached (a run never changes hands); cleared when full.
+_RUN_OWNERS_MAX: Final = 100_000
 #: How many watches read a page of the registry's history at the same time.
 REPLAY_READS: Final = 4
 #: The longest text an audit record keeps whole, and how much of a longer one it keeps.
@@ -53,7 +53,7 @@ class Plane:
         #: Called after each change this process writes: wake-ups for the control plane's other
         #: processes where the store cannot send them (``haltwire.control_processes``).
         self.peers: list[Callable[[], None]] = []
-        self._run_agents: dict[str, str] = {}
+        self._run_owners: dict[str, tuple[str, str]] = {}
         #: Grants leases to runs; None without [leases] (the run endpoints answer 501).
         self.leases = LeaseDesk.from_config(config)
         #: The stops the plane's own decisions check (leases, credentials, intents): the lease
@@ -117,17 +117,17 @@ class Plane:
         await self.mirror.catch_up(self.open.registry)
         return self.mirror
 
-    async def run_agent(self, run_id: str) -> str | None:
-        """The agent a run belongs to (a run never changes hands, so it is cached)."""
-        agent = self._run_agents.get(run_id)
-        if agent is None:
+    async def run_owner(self, run_id: str) -> tuple[str, str] | None:
+        """The agent and tenant a run belongs to (a run never changes hands, so it is cached)."""
+        owner = self._run_owners.get(run_id)
+        if owner is None:
             run = await self.open.runs.get(run_id)
             if run is None:
                 return None
-            if len(self._run_agents) >= _RUN_AGENTS_MAX:
-                self._run_agents.clear()
-            agent = self._run_agents[run_id] = run.agent
-        return agent
+            if len(self._run_owners) >= _RUN_OWNERS_MAX:
+                self._run_owners.clear()
+            owner = self._run_owners[run_id] = (run.agent, run.tenant)
+        return owner
 
     async def audit(
         self, caller: Caller, action: str, target: str, outcome: Outcome, reason: str, **detail: Any

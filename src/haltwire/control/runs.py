@@ -1,12 +1,15 @@
 """Runs and their leases: register a run, renew its lease, end it, checkpoint it.
 
-An agent identity owns the runs registered with its agent id; only it renews, ends (an
-operator may too) and checkpoints them. Every registration, end and checkpoint is audited in
-its own write's transaction, refused ones too; a refused renewal is audited once per run and reason (a refused runtime
-keeps renewing every few seconds until it notices), runs refused by one stop in one request
-sharing a record; successful renewals are not audited (one per run every few seconds).
-Whether a run may have a lease, and the signed grant, is the lease desk's
-(``haltwire.control.leases``).
+A run is its registering identity's, its agent id in its tenant (``access.ownership``): only
+that agent renews, ends (an operator may too), checkpoints and resumes from it, in any version.
+Another tenant's run is answered as an unknown one (404 ``unknown_run``), its refusal audited
+with what it was; another agent's in the caller's tenant is 403 ``forbidden``.
+
+Every registration, end and checkpoint is audited in its own write's transaction, refused ones
+too; a refused renewal is audited once per run and reason (a refused runtime keeps renewing
+every few seconds until it notices), runs refused by one stop in one request sharing a record;
+successful renewals are not audited (one per run every few seconds). Whether a run may have a
+lease, and the signed grant, is the lease desk's (``haltwire.control.leases``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from haltwire.control.access import ownership
 from haltwire.control.config import Caller
 from haltwire.control.errors import Refused, invalid
 from haltwire.control.leases import LeaseDesk
@@ -40,15 +44,18 @@ def desk(plane: Plane) -> LeaseDesk:
     return plane.leases
 
 
-def _owns(caller: Caller, run: RunRecord, action: str) -> bool:
+def _refusal(caller: Caller, run: RunRecord, action: str) -> tuple[Refused, str] | None:
+    """None when ``caller`` may take ``action`` on ``run``; else the answer and what to audit."""
     # An agent acts on and reads its own runs only; an executor acts on its own, reads any.
-    if caller.role == "executor" and action == "run.read":
-        return True
-    return caller.runs_as is None or caller.runs_as == run.agent
-
-
-def _not_owner(caller: Caller, run_id: str) -> Refused:
-    return Refused(403, "forbidden", f"run {run_id} belongs to another agent than {caller.runs_as}")
+    reads_any = caller.role == "executor" and action == "run.read"
+    whose = "own" if reads_any else ownership(caller, run.agent, run.tenant)
+    if whose == "own":
+        return None
+    if whose == "another_tenant":  # answered as unknown: no probing other tenants' run ids
+        said = f"run {run.run_id} belongs to another tenant than {caller.tenant} (answered unknown_run)"
+        return _unknown(run.run_id), said
+    problem = Refused(403, "forbidden", f"run {run.run_id} belongs to another agent than {caller.runs_as}")
+    return problem, problem.message
 
 
 def _unknown(run_id: str) -> Refused:
@@ -58,11 +65,15 @@ def _unknown(run_id: str) -> Refused:
 async def run_for(plane: Plane, caller: Caller, run_id: str, action: str, audit: bool) -> RunRecord:
     """The run, if it exists and ``caller`` may act on it; refusals are audited when ``audit``."""
     run = await plane.open.runs.get(run_id)
-    if run is not None and _owns(caller, run, action):
-        return run
-    problem = _unknown(run_id) if run is None else _not_owner(caller, run_id)
+    if run is None:
+        problem, said = _unknown(run_id), f"no run has the id {run_id}"
+    else:
+        refused = _refusal(caller, run, action)
+        if refused is None:
+            return run
+        problem, said = refused
     if audit:
-        await plane.audit(caller, action, run_id, "refused", problem.message)
+        await plane.audit(caller, action, run_id, "refused", said)
     raise problem
 
 
@@ -88,8 +99,8 @@ async def register(
     checkpoint = None
     if resume_from is not None:
         earlier = await stores.runs.get(resume_from)
-        if earlier is None or earlier.agent != agent:
-            problem = invalid(f"resume_from: {resume_from} is not a run of agent {agent}")
+        if earlier is None or ownership(caller, earlier.agent, earlier.tenant) != "own":
+            problem = invalid(f"resume_from: {resume_from} is not a run of agent {agent} of tenant {caller.tenant}")
             raise await plane.refuse(caller, "run.register", run_id, problem)
         checkpoint = await stores.runs.latest_checkpoint(resume_from)
     run = RunRecord(
@@ -141,24 +152,24 @@ async def renew(
     await leases.catch_up(plane.open.registry)
     found = await plane.open.runs.get_many(run_ids)
     # A run past its wall-clock bound is stopped here, so its renewal is refused by that stop.
-    if await check_renewal(plane, [r for r in found.values() if _owns(caller, r, "lease.renew")]):
+    if await check_renewal(plane, [r for r in found.values() if _refusal(caller, r, "lease.renew") is None]):
         await leases.catch_up(plane.open.registry)
     granted: dict[str, Grant] = {}
     refused: dict[str, Refused] = {}
+    audited: dict[str, Refused] = {}  # unknown runs are not: anyone can name any number of ids
     for run_id in dict.fromkeys(run_ids):
         run = found.get(run_id)
-        result: Grant | Refused
         if run is None:
-            result = _unknown(run_id)
-        elif not _owns(caller, run, "lease.renew"):
-            result = _not_owner(caller, run_id)
-        else:
-            result = leases.grant(run)
+            refused[run_id] = _unknown(run_id)
+            continue
+        problem = _refusal(caller, run, "lease.renew")
+        result = leases.grant(run) if problem is None else problem[0]
         if isinstance(result, Grant):
             granted[run_id] = result
-        else:
-            refused[run_id] = result
-    await _audit_refusals(plane, leases, caller, refused)
+            continue
+        refused[run_id] = result
+        audited[run_id] = result if problem is None else Refused(result.status, result.code, problem[1])
+    await _audit_refusals(plane, leases, caller, audited)
     return granted, refused
 
 
@@ -169,12 +180,11 @@ async def _audit_refusals(
 
     Runs refused by one stop share one record (target: the stop's scope, as for the stop's
     own ``stop.issue`` record), so a global stop over thousands of live runs costs a few
-    appends per batch, not one per run. Unknown runs are not audited: anyone can name any
-    number of run ids.
+    appends per batch, not one per run. ``refused`` holds runs that exist only.
     """
     groups: dict[tuple[str, str], tuple[Refused, list[str]]] = {}
     for run_id, refusal in refused.items():
-        if refusal.code == "unknown_run" or not leases.first_refusal(run_id, refusal):
+        if not leases.first_refusal(run_id, refusal):
             continue
         scope = refusal.extra.get("scope")
         key = (refusal.code, str(refusal.extra["stop_id"])) if scope else (refusal.code, run_id)

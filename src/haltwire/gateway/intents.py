@@ -182,8 +182,11 @@ class IntentDesk:
             if not isinstance(answer, dict):
                 return refusal.registry_unreachable()
             return refusal.intent_unreadable(intent_id)
-        if (answer.get("agent"), answer.get("tenant")) != (identity.agent, identity.tenant):
-            # Same answer shape as the control plane's own check for agent callers.
+        # The control plane's own answers to an agent (``control.access.ownership``): another
+        # tenant's intent is as unknown, another agent's of the same tenant forbidden.
+        if answer.get("tenant") != identity.tenant:
+            return refusal.unknown_intent(intent_id)
+        if answer.get("agent") != identity.agent:
             return refusal.intent_forbidden(intent_id, identity.agent)
         shown = {k: answer.get(k) for k in _STATUS_SHOWN}
         text = f"Intent {intent_id} for {answer.get('tool')} is {answer.get('state')}."

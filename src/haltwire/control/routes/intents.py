@@ -218,7 +218,11 @@ routes = [
         get_intent,
         "intent.read",
         _ONE,
-        ((403, ERRORS[403] + ", or the intent is another agent's"), _UNKNOWN, 503),
+        (
+            (403, ERRORS[403] + ", or the intent is another agent's of the caller's tenant"),
+            (404, f"{_UNKNOWN[1]} (or, to an agent, another tenant's)"),
+            503,
+        ),
     ),
     Route(
         "POST",

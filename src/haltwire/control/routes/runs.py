@@ -145,7 +145,7 @@ routes = [
             (
                 422,
                 "invalid_request: the body is invalid, the agent_class unknown, "
-                "or resume_from not a run of this agent",
+                "or resume_from not a run of this agent in this tenant",
             ),
             501,
             503,

@@ -53,8 +53,9 @@ ERRORS: Final = {
     501: "leases_not_configured: this control plane has no [leases] keys",
     503: "registry_unavailable: the stop registry, run store or audit log failed (fail closed; retryable)",
 }
-FORBIDDEN_RUN: Final = (403, ERRORS[403] + ", or the run is another agent's")
-UNKNOWN_RUN: Final = (404, "unknown_run: no run has this id")
+FORBIDDEN_RUN: Final = (403, ERRORS[403] + ", or the run is another agent's of the caller's tenant")
+#: Another tenant's run answers as one that does not exist (``access.ownership``).
+UNKNOWN_RUN: Final = (404, "unknown_run: no run has this id (or, to an agent, another tenant's)")
 STOPPED: Final = (
     "stopped: an active stop matches one of the run's scopes (scope, stop_id and reason say which)"
 )
