@@ -1,0 +1,183 @@
+"""Model calls through the gateway (issue 14): the scripted provider and the gateway on loopback,
+the official ``openai`` client for both endpoints, whole and streamed."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import anyio
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from haltwire.config import ConfigError
+from haltwire.gateway import create_app
+from haltwire.gateway.config import parse_config
+from haltwire.gateway.killswitch import write_suspensions
+from haltwire.gateway.usage import Tokens
+from harness import TOKENS, config_dict
+from model_provider import chat_events
+from models_harness import OPS, PROVIDER_KEY, Stack, model_stack
+
+pytestmark = pytest.mark.anyio
+
+CHAT = "/v1/chat/completions"
+RESPONSES = "/v1/responses"
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+
+
+def config_error(models: list[dict[str, Any]], *, development: bool = True) -> str:
+    data = config_dict("http://127.0.0.1:1", models=models)
+    if not development:
+        data = {"upstreams": [{"name": "demo", "url": "http://127.0.0.1:1/mcp"}], "models": models}
+    with pytest.raises(ConfigError) as caught:
+        create_app(parse_config(data))
+    return str(caught.value)
+
+
+def test_models_config_errors_name_what_is_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HALTWIRE_NO_SUCH_KEY", raising=False)
+    entry = {"name": "p", "base_url": "http://127.0.0.1:1/v1", "api_key_env": "HALTWIRE_NO_SUCH_KEY"}
+    unset = config_error([{**entry, "models": ["m"]}])
+    assert "models[0].api_key_env" in unset and "HALTWIRE_NO_SUCH_KEY is not set" in unset
+    assert "give the model names" in config_error([entry])
+    twice = config_error([{**entry, "prefixes": ["gpt-"]}, {**entry, "name": "q", "prefixes": ["gpt-"]}])
+    assert "prefix 'gpt-' is routed by 'p' already" in twice
+    assert "use https" in config_error([{**entry, "models": ["m"]}], development=False)
+
+
+async def test_whole_answers_arrive_unchanged_and_the_provider_gets_its_key_not_the_agents(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with model_stack(tmp_path) as s:
+        client = s.client()
+        chat = await client.chat.completions.with_raw_response.create(model="gpt-test", messages=MESSAGES)
+        resp = await client.responses.with_raw_response.create(model="scripted-1", input="hi")
+        for raw, path in ((chat, CHAT), (resp, RESPONSES)):
+            seen = s.provider.on(path)[-1]
+            assert raw.http_response.content == seen.sent[0]  # byte for byte
+            assert raw.headers["x-request-id"] == "req_scripted"
+            assert raw.headers["openai-processing-ms"] == "7"
+            assert seen.headers["authorization"] == f"Bearer {PROVIDER_KEY}"
+            assert TOKENS["ops-bot"] not in json.dumps(seen.headers)
+            assert PROVIDER_KEY not in raw.http_response.text + json.dumps(dict(raw.headers))
+        assert chat.parse().choices[0].message.content == "Hello there."
+        assert resp.parse().output_text == "Hello there."
+        assert s.provider.on(CHAT)[-1].body == {"model": "gpt-test", "messages": MESSAGES}
+    assert "HTTP Request: POST" in caplog.text  # the clients' logs were captured, at every level
+    assert PROVIDER_KEY not in caplog.text
+
+
+async def test_a_providers_error_is_passed_on_as_it_came(tmp_path: Path) -> None:
+    async with model_stack(tmp_path) as s:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await s.client().chat.completions.create(model="scripted-fail", messages=MESSAGES)
+        assert caught.value.body == {"message": "scripted failure", "type": "invalid_request_error", "param": None, "code": "bad"}
+        assert s.counted.requests[CHAT] == 1  # a 400 is not retried
+
+
+async def _streamed_bytes(s: Stack, path: str, **kwargs: Any) -> bytes:
+    client = s.client()
+    if path == CHAT:
+        create: Any = client.chat.completions.with_streaming_response.create
+        cm = create(model="scripted-s", messages=MESSAGES, stream=True, **kwargs)
+    else:
+        cm = client.responses.with_streaming_response.create(model="scripted-s", input="hi", stream=True)
+    async with cm as raw:
+        return b"".join([chunk async for chunk in raw.iter_bytes()])
+
+
+@pytest.mark.parametrize("asks_usage", [True, False], ids=["asks-usage", "no-usage"])
+async def test_a_chat_stream_arrives_unchanged_but_for_the_usage_chunk_the_gateway_asked_for(
+    tmp_path: Path, asks_usage: bool
+) -> None:
+    async with model_stack(tmp_path) as s:
+        options = {"stream_options": {"include_usage": True}} if asks_usage else {}
+        got = await _streamed_bytes(s, CHAT, **options)
+        seen = s.provider.on(CHAT)[-1]
+        assert seen.body["stream_options"] == {"include_usage": True}  # asked for, either way
+        expected = chat_events("scripted-s", 1, include_usage=True)
+        if not asks_usage:
+            expected = [e for e in expected if b'"choices": []' not in e]
+        assert got == b"".join(expected)
+        assert seen.sent == chat_events("scripted-s", 1, include_usage=True)
+        # The official client reads it as a stream of chunks.
+        stream = await s.client().chat.completions.create(model="scripted-s", messages=MESSAGES, stream=True)
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        assert text == "Hello there."
+
+
+async def test_a_responses_stream_arrives_unchanged(tmp_path: Path) -> None:
+    async with model_stack(tmp_path) as s:
+        got = await _streamed_bytes(s, RESPONSES)
+        assert got == b"".join(s.provider.on(RESPONSES)[-1].sent)
+        stream = await s.client().responses.create(model="scripted-s", input="hi", stream=True)
+        kinds = [event.type async for event in stream]
+        assert kinds == ["response.created", *["response.output_text.delta"] * 2, "response.completed"]
+
+
+async def test_usage_is_counted_exactly_for_both_endpoints_whole_and_streamed(tmp_path: Path) -> None:
+    async with model_stack(tmp_path) as s:
+        client = s.client()
+        await client.chat.completions.create(model="gpt-test", messages=MESSAGES)
+        await client.responses.create(model="gpt-test", input="hi")
+        stream = await client.chat.completions.create(model="scripted-s", messages=MESSAGES, stream=True)
+        async for _ in stream:
+            pass
+        stream2 = await client.responses.create(model="scripted-s", input="hi", stream=True)
+        async for _ in stream2:
+            pass
+        # The provider's n-th request answers usage n times its unit (chat 11/3, responses 13/5).
+        expected = Tokens(11 * 1 + 13 * 2 + 11 * 3 + 13 * 4, 3 * 1 + 5 * 2 + 3 * 3 + 5 * 4)
+        counts = await s.app.models.usage.read(OPS) if s.app.models else {}
+        assert counts == {"identity": expected, "tenant": expected}
+
+
+async def test_unknown_model_and_bad_token_are_refused_once(tmp_path: Path) -> None:
+    async with model_stack(tmp_path) as s:
+        with pytest.raises(openai.NotFoundError) as caught:
+            await s.client().chat.completions.create(model="other", messages=MESSAGES)
+        assert isinstance(caught.value.body, dict) and caught.value.body["code"] == "unknown_model"
+        with pytest.raises(openai.AuthenticationError) as denied:
+            await s.client(token="not-a-token").responses.create(model="gpt-test", input="hi")
+        assert isinstance(denied.value.body, dict) and denied.value.body["code"] == "unauthenticated"
+        assert denied.value.response.headers["x-should-retry"] == "false"
+        assert s.counted.requests == {CHAT: 1, RESPONSES: 1}
+        assert s.provider.seen == []
+
+
+async def test_a_suspended_agent_is_refused_403_once_without_retry(tmp_path: Path) -> None:
+    kill = tmp_path / "suspended.json"
+    write_suspensions(kill, ["ops-bot"])
+    async with model_stack(tmp_path, gateway={"development": True, "suspended_file": str(kill)}) as s:
+        for path in (CHAT, RESPONSES):
+            with pytest.raises(openai.PermissionDeniedError) as caught:
+                if path == CHAT:
+                    await s.client().chat.completions.create(model="gpt-test", messages=MESSAGES)
+                else:
+                    await s.client().responses.create(model="gpt-test", input="hi", stream=True)
+            body = caught.value.body
+            assert isinstance(body, dict) and body["code"] == "agent_suspended" and body["retryable"] is False
+            assert caught.value.response.headers["x-should-retry"] == "false"
+            assert s.counted.requests[path] == 1
+        assert s.provider.seen == []
+
+
+async def test_provider_unreachable_is_transient_503_with_retry_after(tmp_path: Path) -> None:
+    async with model_stack(tmp_path, provider_url="http://127.0.0.1:9") as s:
+        with pytest.raises(openai.InternalServerError) as caught:
+            await s.client(max_retries=0).chat.completions.create(model="gpt-test", messages=MESSAGES)
+        body = caught.value.body
+        assert isinstance(body, dict) and body["code"] == "upstream_unavailable" and body["retryable"] is True
+        assert caught.value.response.status_code == 503
+        assert caught.value.response.headers["retry-after"] == "5"
+        assert PROVIDER_KEY not in caught.value.response.text
+
+
+async def _wait(event: anyio.Event, within: float = 5.0) -> None:
+    with anyio.fail_after(within):
+        await event.wait()
