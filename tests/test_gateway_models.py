@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,10 @@ from haltwire.gateway import create_app
 from haltwire.gateway.config import parse_config
 from haltwire.gateway.killswitch import write_suspensions
 from haltwire.gateway.usage import Tokens
+from haltwire.tokens import LeaseClaims, LeaseKeys
 from harness import TOKENS, config_dict
 from model_provider import chat_events
-from models_harness import OPS, PROVIDER_KEY, Stack, model_stack
+from models_harness import LEASE_SECRET, OPS, PROVIDER_KEY, Stack, model_stack
 
 pytestmark = pytest.mark.anyio
 
@@ -181,3 +183,147 @@ async def test_provider_unreachable_is_transient_503_with_retry_after(tmp_path: 
 async def _wait(event: anyio.Event, within: float = 5.0) -> None:
     with anyio.fail_after(within):
         await event.wait()
+
+
+# -- stops, leases and ceilings (a control plane on loopback) ---------------------------------------
+
+
+async def _refused(s: Stack, agent: str = "ops-bot", **headers: str) -> dict[str, Any] | None:
+    """The error body of one whole chat call (no retries), or None when it was served."""
+    try:
+        await s.client(agent, max_retries=0, default_headers=headers).chat.completions.create(
+            model="gpt-test", messages=MESSAGES
+        )
+    except openai.APIStatusError as exc:
+        assert isinstance(exc.body, dict)
+        return exc.body
+    return None
+
+
+async def _until_refused(s: Stack, code: str, agent: str = "ops-bot") -> None:
+    with anyio.fail_after(5):
+        while ((await _refused(s, agent)) or {}).get("code") != code:
+            await anyio.sleep(0.05)
+
+
+@pytest.mark.parametrize("path", [CHAT, RESPONSES])
+async def test_a_stop_refuses_model_calls_of_its_scope_once_and_a_tool_stop_does_not(
+    tmp_path: Path, path: str
+) -> None:
+    async with model_stack(tmp_path, control=True) as s:
+        tool_stop = await s.stop("tool:lookup_order")
+        stop = await s.stop("agent:ops-bot", "refund storm")
+        await _until_refused(s, "stopped")
+        before = dict(s.counted.requests)
+        for stream in (False, True):
+            with pytest.raises(openai.PermissionDeniedError) as caught:
+                if path == CHAT:
+                    await s.client().chat.completions.create(model="gpt-test", messages=MESSAGES, stream=stream)
+                else:
+                    await s.client().responses.create(model="gpt-test", input="hi", stream=stream)
+            body = caught.value.body
+            assert isinstance(body, dict)
+            assert (body["code"], body["scope"], body["stop_id"], body["reason"]) == (
+                "stopped",
+                "agent:ops-bot",
+                stop["stop_id"],
+                "refund storm",
+            )
+            assert body["retryable"] is False and body["type"] == "haltwire_refusal"
+            assert caught.value.response.headers["x-should-retry"] == "false"
+        assert s.counted.requests[path] - before.get(path, 0) == 2  # one request each: no retry
+        assert await _refused(s, "billing-bot") is None  # another agent; the tool stop is no model stop
+        await s.clear(stop["stop_id"])
+        with anyio.fail_after(5):
+            while await _refused(s) is not None:
+                await anyio.sleep(0.05)
+        await s.clear(tool_stop["stop_id"])
+
+
+@pytest.mark.parametrize("path", [CHAT, RESPONSES])
+async def test_a_stop_cuts_an_open_stream_and_the_provider_sees_the_close(tmp_path: Path, path: str) -> None:
+    async with model_stack(tmp_path, control=True, limits={"max_in_flight": 1}) as s:
+        client = s.client()
+        if path == CHAT:
+            stream: Any = await client.chat.completions.create(model="scripted-hang", messages=MESSAGES, stream=True)
+        else:
+            stream = await client.responses.create(model="scripted-hang", input="hi", stream=True)
+        events = aiter(stream)
+        await anext(events)  # the provider is generating
+        seen = s.provider.on(path)[-1]
+        assert len(s.app.gateway.inflight or ()) == 1
+        stop = await s.stop("agent:ops-bot", "runaway")
+        issued = anyio.current_time()
+        with pytest.raises(openai.APIError) as caught:
+            async for _ in events:
+                pass
+        ended = anyio.current_time() - issued
+        body = caught.value.body
+        assert isinstance(body, dict) and (body["code"], body["stop_id"]) == ("stopped", stop["stop_id"])
+        await _wait(seen.disconnected)  # the provider's request was closed
+        assert not seen.finished
+        assert ended < 2.0, f"stop to stream end: {ended * 1000:.0f} ms"
+        assert len(s.app.gateway.inflight or ()) == 0
+        await s.clear(stop["stop_id"])
+        with anyio.fail_after(5):  # the slot was given back: the one allowed call is served
+            while await _refused(s) is not None:
+                await anyio.sleep(0.05)
+
+
+async def test_a_client_that_hangs_up_closes_the_providers_stream(tmp_path: Path) -> None:
+    async with model_stack(tmp_path) as s:
+        stream = await s.client().chat.completions.create(model="scripted-hang", messages=MESSAGES, stream=True)
+        events = aiter(stream)
+        await anext(events)
+        await stream.close()
+        await _wait(s.provider.on(CHAT)[-1].disconnected)
+
+
+def _lease(run: str) -> str:
+    now = time.time()
+    keys = LeaseKeys({"k1": LEASE_SECRET.encode()}, signing="k1")
+    return keys.sign(LeaseClaims(run, OPS.agent, OPS.tenant, OPS.version, 0, now, now + 60))
+
+
+async def test_a_model_call_needs_a_lease_names_its_run_and_a_run_stop_refuses_it(tmp_path: Path) -> None:
+    leases = {"keys": [{"kid": "k1", "secret": LEASE_SECRET}]}
+    async with model_stack(tmp_path, control=True, leases=leases) as s:
+        missing = await _refused(s)
+        assert missing is not None and missing["code"] == "lease_invalid"
+        lease = {"Haltwire-Lease": _lease("run-7")}
+        assert await _refused(s, **lease) is None
+        assert "haltwire-lease" not in s.provider.seen[-1].headers
+        assert s.app.models is not None
+        counts = await s.app.models.usage.read(OPS, "run-7")
+        assert counts["run"] == Tokens(11, 3)
+        stop = await s.stop("run:run-7")
+        with anyio.fail_after(5):
+            while ((await _refused(s, **lease)) or {}).get("code") != "stopped":
+                await anyio.sleep(0.05)
+        refused = await _refused(s, **lease)
+        assert refused is not None and refused["stop_id"] == stop["stop_id"]
+        assert await _refused(s, **{"Haltwire-Lease": _lease("run-8")}) is None  # another run
+
+
+async def test_a_model_call_is_one_step_of_the_budget_refused_once_past_it(tmp_path: Path) -> None:
+    async with model_stack(tmp_path, limits={"budget": 1, "window_s": 1_000_000_000}) as s:
+        await s.client().responses.create(model="gpt-test", input="hi")
+        with pytest.raises(openai.PermissionDeniedError) as caught:
+            await s.client().responses.create(model="gpt-test", input="hi")
+        assert isinstance(caught.value.body, dict) and caught.value.body["code"] == "budget_exhausted"
+        assert s.counted.requests[RESPONSES] == 2
+        assert len(s.provider.seen) == 1
+
+
+async def test_too_many_in_flight_is_transient_429_with_retry_after(tmp_path: Path) -> None:
+    async with model_stack(tmp_path, limits={"max_in_flight": 1}) as s:
+        stream = await s.client().chat.completions.create(model="scripted-hang", messages=MESSAGES, stream=True)
+        events = aiter(stream)
+        await anext(events)
+        with pytest.raises(openai.RateLimitError) as caught:
+            await s.client(max_retries=0).chat.completions.create(model="gpt-test", messages=MESSAGES)
+        body = caught.value.body
+        assert isinstance(body, dict) and body["code"] == "too_many_in_flight" and body["retryable"] is True
+        assert caught.value.response.headers["retry-after"] == "1"
+        assert "x-should-retry" not in caught.value.response.headers
+        await stream.close()
