@@ -19,6 +19,7 @@ from control_harness import auth
 from control_harness import config_dict as control_config
 from haltwire.control import create_app as create_control_app
 from haltwire.control import parse_control_config
+from haltwire.demo.stack import CONTROL_TOKENS, LEASE_KEYS, running_control_plane
 from haltwire.gateway import create_app
 from haltwire.gateway.app import GatewayApp
 from haltwire.gateway.config import parse_config
@@ -57,6 +58,8 @@ class Stack:
     counted: Counted
     base_url: str  # the gateway's OpenAI base URL (``.../v1``)
     control: str | None
+    #: The control plane's operator token (``control_harness``'s, or the demo's with ``runs``).
+    operator: dict[str, str] = field(default_factory=lambda: auth("operator"))
     clients: list[openai.AsyncOpenAI] = field(default_factory=list)
 
     def client(self, agent: str = "ops-bot", *, token: str | None = None, **kwargs: Any) -> openai.AsyncOpenAI:
@@ -68,7 +71,7 @@ class Stack:
     async def stop(self, scope: str, reason: str = "runaway") -> dict[str, Any]:
         assert self.control is not None
         async with httpx2.AsyncClient(base_url=self.control, timeout=10) as http:
-            r = await http.post("/v1/stops", json={"scope": scope, "reason": reason}, headers=auth("operator"))
+            r = await http.post("/v1/stops", json={"scope": scope, "reason": reason}, headers=self.operator)
         assert r.status_code == 201, r.text
         body: dict[str, Any] = r.json()
         return body
@@ -76,7 +79,7 @@ class Stack:
     async def clear(self, stop_id: str) -> None:
         assert self.control is not None
         async with httpx2.AsyncClient(base_url=self.control, timeout=10) as http:
-            r = await http.post(f"/v1/stops/{stop_id}/clear", json={"reason": "ok"}, headers=auth("operator"))
+            r = await http.post(f"/v1/stops/{stop_id}/clear", json={"reason": "ok"}, headers=self.operator)
         assert r.status_code == 200, r.text
 
 
@@ -94,17 +97,29 @@ def models_section(provider_url: str) -> list[dict[str, Any]]:
 
 @asynccontextmanager
 async def model_stack(
-    tmp_path: Path, *, control: bool = False, provider_url: str | None = None, **sections: Any
+    tmp_path: Path,
+    *,
+    control: bool = False,
+    runs: bool = False,
+    provider_url: str | None = None,
+    **sections: Any,
 ) -> AsyncIterator[Stack]:
     """The scripted provider, a demo upstream, a gateway routing ``gpt-test`` and ``scripted-*`` to
-    the provider (``provider_url`` instead: another one), and with ``control`` a control plane."""
+    the provider (``provider_url`` instead: another one), and with ``control`` a control plane;
+    with ``runs`` the demo's control plane, which grants ops-bot leases the gateway verifies."""
     os.environ[KEY_ENV] = PROVIDER_KEY
     provider = ScriptedProvider()
     async with AsyncExitStack() as stack:
         purl = await stack.enter_async_context(serving(provider))
         _, up = await stack.enter_async_context(running_upstream())
         cp = None
-        if control:
+        operator = auth("operator")
+        if runs:
+            cp = await stack.enter_async_context(running_control_plane(tmp_path / "control.db"))
+            sections["control"] = {"url": cp, "token": CONTROL_TOKENS["gateway"], "staleness_s": 5.0}
+            sections["leases"] = {"keys": LEASE_KEYS}
+            operator = {"Authorization": f"Bearer {CONTROL_TOKENS['operator']}"}
+        elif control:
             data = control_config({"backend": "sqlite", "path": str(tmp_path / "control.db")}, HEARTBEAT_S)
             cp = await stack.enter_async_context(
                 serving(create_control_app(parse_control_config(data)), graceful_s=1)
@@ -115,7 +130,7 @@ async def model_stack(
         await app.start(stack)
         counted = Counted(app)
         url = await stack.enter_async_context(serving(counted))
-        built = Stack(provider, app, counted, f"{url}/v1", cp)
+        built = Stack(provider, app, counted, f"{url}/v1", cp, operator)
         try:
             yield built
         finally:

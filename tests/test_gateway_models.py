@@ -10,15 +10,18 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from haltwire.config import ConfigError
+from haltwire.demo.stack import CONTROL_TOKENS
 from haltwire.gateway import create_app
 from haltwire.gateway.config import parse_config
 from haltwire.gateway.killswitch import write_suspensions
 from haltwire.gateway.usage import Tokens
+from haltwire.runtime import ControlClient, Lease
 from haltwire.tokens import LeaseClaims, LeaseKeys
 from harness import TOKENS, config_dict
 from model_provider import chat_events
@@ -327,3 +330,40 @@ async def test_too_many_in_flight_is_transient_429_with_retry_after(tmp_path: Pa
         assert caught.value.response.headers["retry-after"] == "1"
         assert "x-should-retry" not in caught.value.response.headers
         await stream.close()
+
+
+async def test_a_cut_model_call_is_in_the_run_report(tmp_path: Path) -> None:
+    async with (
+        model_stack(tmp_path, runs=True) as s,
+        ControlClient(s.control or "", CONTROL_TOKENS["ops-bot"]) as control,
+        Lease.start(control, push=False) as lease,
+    ):
+        client = s.client(default_headers={"Haltwire-Lease": lease.token})
+        stream = await client.responses.create(model="scripted-hang", input="hi", stream=True)
+        events = aiter(stream)
+        await anext(events)
+        stop = await s.stop(f"run:{lease.run_id}")
+        with pytest.raises(openai.APIError) as caught:
+            async for _ in events:
+                pass
+        assert isinstance(caught.value.body, dict) and caught.value.body["stop_id"] == stop["stop_id"]
+        await _wait(s.provider.on(RESPONSES)[-1].disconnected)
+        async with httpx2.AsyncClient(base_url=s.control or "", timeout=10) as http:
+            with anyio.fail_after(15):
+                while not (calls := await _report_calls(http, s, lease.run_id)):
+                    await anyio.sleep(0.1)
+    assert len(calls) == 1
+    call = calls[0]
+    assert (call["tool"], call["label"], call["outcome"], call["stop_id"]) == (
+        "model:scripted-hang",
+        "cancellable",
+        "cancelled",
+        stop["stop_id"],
+    )
+
+
+async def _report_calls(http: httpx2.AsyncClient, s: Stack, run_id: str) -> list[dict[str, Any]]:
+    r = await http.get(f"/v1/runs/{run_id}/report", headers=s.operator)
+    assert r.status_code == 200, r.text
+    calls: list[dict[str, Any]] = r.json()["calls"]
+    return calls
