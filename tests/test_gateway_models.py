@@ -3,6 +3,7 @@ the official ``openai`` client for both endpoints, whole and streamed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -26,6 +27,7 @@ from haltwire.tokens import LeaseClaims, LeaseKeys
 from harness import TOKENS, config_dict
 from model_provider import chat_events
 from models_harness import LEASE_SECRET, OPS, PROVIDER_KEY, Stack, model_stack
+from redis_process import shared_prefix
 
 pytestmark = pytest.mark.anyio
 
@@ -125,8 +127,18 @@ async def test_a_responses_stream_arrives_unchanged(tmp_path: Path) -> None:
         assert kinds == ["response.created", *["response.output_text.delta"] * 2, "response.completed"]
 
 
-async def test_usage_is_counted_exactly_for_both_endpoints_whole_and_streamed(tmp_path: Path) -> None:
-    async with model_stack(tmp_path) as s:
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_usage_is_counted_exactly_for_both_endpoints_whole_and_streamed(tmp_path: Path, backend: str) -> None:
+    with contextlib.ExitStack() as redis:
+        counters = {"backend": "memory"}
+        if backend == "redis":
+            url, prefix = redis.enter_context(shared_prefix("hwmodels"))
+            counters = {"backend": "redis", "url": url, "prefix": prefix}
+        await _count_usage(tmp_path, counters)
+
+
+async def _count_usage(tmp_path: Path, counters: dict[str, str]) -> None:
+    async with model_stack(tmp_path, counters=counters) as s:
         client = s.client()
         await client.chat.completions.create(model="gpt-test", messages=MESSAGES)
         await client.responses.create(model="gpt-test", input="hi")
