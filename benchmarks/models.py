@@ -198,6 +198,12 @@ async def stop_to_end(gw: httpx2.AsyncClient, admin: httpx2.AsyncClient, url: st
     return (t1 - t0) * 1000
 
 
+def cpu_ms(pid: int) -> float:
+    """CPU time (user + system) of process ``pid`` so far, in ms (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
 def line(name: str, values: list[float]) -> str:
     return f"  {name:<9} p50 {pct(values, 0.5):7.3f} ms   p99 {pct(values, 0.99):7.3f} ms   (n={len(values)})"
 
@@ -246,7 +252,10 @@ async def main(opts: argparse.Namespace) -> int:
                     await anyio.sleep(0.05)
             http = {"direct": direct, "gateway": gw}
             print(f"load average before: {load_average()}")
+            gateway_pid, before = procs[-1].pid, cpu_ms(procs[-1].pid)
             added = report("(a) whole chat completion", await paired(opts.pairs, opts.warmup, whole, urls, http))
+            per_call = (cpu_ms(gateway_pid) - before) / (opts.pairs + opts.warmup)
+            print(f"  the gateway's CPU per call: {per_call:.2f} ms")
             report("(b) stream, time to first byte", await paired(opts.pairs, opts.warmup, first_byte, urls, http))
             stops = [await stop_to_end(gw, ops, urls["gateway"]) for _ in range(opts.stops)]
         print("(c) stop to stream end (from the stop's 201):")
