@@ -83,16 +83,15 @@ class Stack:
         assert r.status_code == 200, r.text
 
 
-def models_section(provider_url: str) -> list[dict[str, Any]]:
-    return [
-        {
-            "name": "scripted",
-            "base_url": f"{provider_url}/v1",
-            "api_key_env": KEY_ENV,
-            "models": ["gpt-test"],
-            "prefixes": ["scripted-"],
-        }
-    ]
+def models_section(provider_url: str, prices: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    entry = {
+        "name": "scripted",
+        "base_url": f"{provider_url}/v1",
+        "api_key_env": KEY_ENV,
+        "models": ["gpt-test"],
+        "prefixes": ["scripted-"],
+    }
+    return [{**entry, "prices": prices} if prices else entry]
 
 
 @asynccontextmanager
@@ -102,6 +101,7 @@ async def model_stack(
     control: bool = False,
     runs: bool = False,
     provider_url: str | None = None,
+    prices: dict[str, Any] | None = None,
     **sections: Any,
 ) -> AsyncIterator[Stack]:
     """The scripted provider, a demo upstream, a gateway routing ``gpt-test`` and ``scripted-*`` to
@@ -125,7 +125,7 @@ async def model_stack(
                 serving(create_control_app(parse_control_config(data)), graceful_s=1)
             )
             sections["control"] = {"url": cp, "token": "tok-gateway", "staleness_s": STALENESS_S}
-        sections.setdefault("models", models_section(provider_url or purl))
+        sections.setdefault("models", models_section(provider_url or purl, prices))
         app = create_app(parse_config(config_dict(up, **sections)))
         await app.start(stack)
         counted = Counted(app)

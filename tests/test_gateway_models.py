@@ -21,7 +21,7 @@ from haltwire.demo.stack import CONTROL_TOKENS
 from haltwire.gateway import create_app
 from haltwire.gateway.config import parse_config
 from haltwire.gateway.killswitch import write_suspensions
-from haltwire.gateway.usage import Tokens
+from haltwire.gateway.usage import Usage
 from haltwire.runtime import ControlClient, Lease
 from haltwire.tokens import LeaseClaims, LeaseKeys
 from harness import TOKENS, config_dict
@@ -130,15 +130,23 @@ async def test_a_responses_stream_arrives_unchanged(tmp_path: Path) -> None:
 @pytest.mark.parametrize("backend", ["memory", "redis"])
 async def test_usage_is_counted_exactly_for_both_endpoints_whole_and_streamed(tmp_path: Path, backend: str) -> None:
     with contextlib.ExitStack() as redis:
-        counters = {"backend": "memory"}
+        counters: dict[str, Any] = {"backend": "memory"}
         if backend == "redis":
             url, prefix = redis.enter_context(shared_prefix("hwmodels"))
-            counters = {"backend": "redis", "url": url, "prefix": prefix}
+            # A generous timeout: the first round trip (connect, load the script) on a busy machine.
+            counters = {"backend": "redis", "url": url, "prefix": prefix, "timeout_s": 5.0}
         await _count_usage(tmp_path, counters)
 
 
-async def _count_usage(tmp_path: Path, counters: dict[str, str]) -> None:
-    async with model_stack(tmp_path, counters=counters) as s:
+#: Per million tokens: scripted-s's own price, and every other model's.
+PRICES = {
+    "scripted-s": {"input_per_mtok": 2.0, "output_per_mtok": 8.0},
+    "*": {"input_per_mtok": 1.0, "output_per_mtok": 4.0},
+}
+
+
+async def _count_usage(tmp_path: Path, counters: dict[str, Any]) -> None:
+    async with model_stack(tmp_path, counters=counters, prices=PRICES) as s:
         client = s.client()
         await client.chat.completions.create(model="gpt-test", messages=MESSAGES)
         await client.responses.create(model="gpt-test", input="hi")
@@ -149,7 +157,9 @@ async def _count_usage(tmp_path: Path, counters: dict[str, str]) -> None:
         async for _ in stream2:
             pass
         # The provider's n-th request answers usage n times its unit (chat 11/3, responses 13/5).
-        expected = Tokens(11 * 1 + 13 * 2 + 11 * 3 + 13 * 4, 3 * 1 + 5 * 2 + 3 * 3 + 5 * 4)
+        tokens = [(11, 3), (26, 10), (33, 9), (52, 20)]
+        money = (11 * 1 + 3 * 4) + (26 * 1 + 10 * 4) + (33 * 2 + 9 * 8) + (52 * 2 + 20 * 8)
+        expected = Usage(sum(i for i, _ in tokens), sum(o for _, o in tokens), money)
         counts = await s.app.models.usage.read(OPS) if s.app.models else {}
         assert counts == {"identity": expected, "tenant": expected}
 
@@ -310,7 +320,7 @@ async def test_a_model_call_needs_a_lease_names_its_run_and_a_run_stop_refuses_i
         assert "haltwire-lease" not in s.provider.seen[-1].headers
         assert s.app.models is not None
         counts = await s.app.models.usage.read(OPS, "run-7")
-        assert counts["run"] == Tokens(11, 3)
+        assert counts["run"] == Usage(11, 3)  # no price: no money counted
         stop = await s.stop("run:run-7")
         with anyio.fail_after(5):
             while ((await _refused(s, **lease)) or {}).get("code") != "stopped":

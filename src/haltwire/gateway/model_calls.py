@@ -25,7 +25,8 @@ the gateway. A model call takes the tool call's pipeline, by the same code, in t
 5. the provider call under the call's deadline (the ceilings' for ``model:NAME``; past it,
    ``deadline_exceeded``); the provider unreachable: ``upstream_unavailable`` (503);
    the provider's answer, body or stream, is relayed as it came (``models``, headers aside);
-6. finally: the slots released (shielded), the tokens counted (``haltwire.gateway.usage``).
+6. finally: the slots released (shielded), the tokens and their cost counted
+   (``haltwire.gateway.usage``, ``[[models]] prices``).
 
 A client that disconnects cancels the call: the provider's request is closed too. Refusals are
 answered in OpenAI's error shape (``models.refusal_response``), terminal ones as 403 with
@@ -61,7 +62,7 @@ from haltwire.gateway.models import (
 )
 from haltwire.gateway.outcomes import Outcome
 from haltwire.gateway.proxy import RELEASE_TIMEOUT_S, Gateway
-from haltwire.gateway.usage import Tokens, UsageCounts, answer_tokens, event_tokens, wants_usage
+from haltwire.gateway.usage import Tokens, Usage, UsageCounts, answer_tokens, event_tokens, wants_usage
 from haltwire.gateway.wire import BodyTooLarge, read_body
 from haltwire.identity import Identity
 from haltwire.meta import LEASE_HEADER
@@ -197,8 +198,10 @@ class ModelCalls:
                     await ticket.release()
                 except CountersUnavailable as exc:
                     log.warning("could not release a slot of %s (%s); it expires by itself", identity.agent, exc)
-                if relay.tokens is not None:
-                    await self.usage.add(identity, run, relay.tokens)
+                if (tokens := relay.tokens) is not None:
+                    price = provider.route.price(model)
+                    money = 0 if price is None else price.micros(tokens.input, tokens.output)
+                    await self.usage.add(identity, run, Usage(tokens.input, tokens.output, money))
 
     async def _call(
         self,

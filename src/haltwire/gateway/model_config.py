@@ -6,6 +6,11 @@ read at start-up: the key never appears in the config, in a response or in a log
 model names route there: ``models`` (exact names) and ``prefixes`` (``gpt-`` routes every model
 whose name starts so). An exact name wins over a prefix, and the longest prefix over shorter
 ones; one name or one prefix in two entries is a config error.
+
+``prices`` (optional) says what a model's tokens cost, per million input and output tokens, in
+whatever currency the operator counts in; the gateway counts each call's cost beside its tokens
+(``haltwire.gateway.usage``), in millionths of that unit. A model without a price (and no
+``"*"`` entry) counts no money.
 """
 
 from __future__ import annotations
@@ -22,6 +27,17 @@ from haltwire.config import ConfigModel, from_env
 _VARIABLE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+class ModelPrice(ConfigModel):
+    """What a model's tokens cost, per million."""
+
+    input_per_mtok: float = Field(ge=0)
+    output_per_mtok: float = Field(ge=0)
+
+    def micros(self, input_tokens: int, output_tokens: int) -> int:
+        """The cost of a call, in millionths of the price's unit."""
+        return round(input_tokens * self.input_per_mtok + output_tokens * self.output_per_mtok)
+
+
 class ModelRoute(ConfigModel):
     """One ``[[models]]`` entry."""
 
@@ -36,6 +52,8 @@ class ModelRoute(ConfigModel):
     prefixes: list[str] = Field(default_factory=list)
     #: Seconds to connect to the provider; past it the call is refused ``upstream_unavailable``.
     connect_timeout_s: float = Field(default=10.0, gt=0)
+    #: Model name (``"*"``: any other model routed here) to its price.
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
 
     @field_validator("base_url")
     @classmethod
@@ -67,6 +85,9 @@ class ModelRoute(ConfigModel):
         if not self.models and not self.prefixes:
             raise ValueError(f"models[{self.name}]: give the model names (models) or prefixes it serves")
         return self
+
+    def price(self, model: str) -> ModelPrice | None:
+        return self.prices.get(model, self.prices.get("*"))
 
     def api_key(self, key: str) -> str:
         """The provider's key from the environment; ``ConfigError`` naming ``KEY.api_key_env`` and

@@ -7,7 +7,8 @@ that chunk from the client: ``wants_usage``); for the Responses API the final
 ``response.completed`` (or ``.incomplete``, ``.failed``) event's ``response.usage``.
 
 Counted in the gateway's counter store (``Tally``, one round trip), input and output tokens
-apart, under three keys each: the run (for its whole life, as the run's step budget), the
+apart, and their cost when ``[[models]] prices`` names one (in millionths of its unit), under
+three keys each: the run (for its whole life, as the run's step budget), the
 identity and its tenant (per fixed window of ``[limits] window_s``, as the call budget). These
 are what the token budgets of the tripwires will read; the counts are not yet in the run report.
 """
@@ -35,6 +36,15 @@ FINAL_EVENTS: Final = frozenset({"response.completed", "response.incomplete", "r
 class Tokens:
     input: int
     output: int
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Counted: input and output tokens, and their cost in millionths of the price's unit."""
+
+    input: int
+    output: int
+    money_micros: int = 0
 
 
 def tokens_of(usage: Any) -> Tokens | None:
@@ -99,23 +109,26 @@ class UsageCounts:
             out.append(f"usage:{identity.counted_as}:r:{run}")
         return out
 
-    def _ops(self, identity: Identity, run: str | None, tokens: Tokens) -> list[Tally]:
+    def _ops(self, identity: Identity, run: str | None, usage: Usage) -> list[Tally]:
         ops = []
         for key in self.keys(identity, run):
             ttl = RUN_WINDOW_S if ":r:" in key else self.window_s + 60
-            ops += [Tally(f"{key}:in", tokens.input, None, ttl), Tally(f"{key}:out", tokens.output, None, ttl)]
+            ops += [
+                Tally(f"{key}:in", usage.input, None, ttl),
+                Tally(f"{key}:out", usage.output, None, ttl),
+                Tally(f"{key}:money", usage.money_micros, None, ttl),
+            ]
         return ops
 
-    async def add(self, identity: Identity, run: str | None, tokens: Tokens) -> None:
-        """Count ``tokens``; a store that cannot count now is logged (the call was served already)."""
+    async def add(self, identity: Identity, run: str | None, usage: Usage) -> None:
+        """Count ``usage``; a store that cannot count now is logged (the call was served already)."""
         try:
-            await self.store.tally(self._ops(identity, run, tokens), self._clock())
+            await self.store.tally(self._ops(identity, run, usage), self._clock())
         except CountersUnavailable as exc:
-            log.warning("could not count %s tokens of %s: %s", tokens, identity.agent, exc)
+            log.warning("could not count %s of %s: %s", usage, identity.agent, exc)
 
-    async def read(self, identity: Identity, run: str | None = None) -> dict[str, Tokens]:
+    async def read(self, identity: Identity, run: str | None = None) -> dict[str, Usage]:
         """The counts now: ``identity``, ``tenant`` and, with ``run``, ``run`` (for tests, reports)."""
-        ops = self._ops(identity, run, Tokens(0, 0))
-        values = (await self.store.tally(ops, self._clock())).values
+        values = (await self.store.tally(self._ops(identity, run, Usage(0, 0)), self._clock())).values
         names = ["identity", "tenant", "run"]
-        return {names[n]: Tokens(values[2 * n], values[2 * n + 1]) for n in range(len(values) // 2)}
+        return {names[n]: Usage(*values[3 * n : 3 * n + 3]) for n in range(len(values) // 3)}
