@@ -389,3 +389,14 @@ async def _report_calls(http: httpx2.AsyncClient, s: Stack, run_id: str) -> list
     assert r.status_code == 200, r.text
     calls: list[dict[str, Any]] = r.json()["calls"]
     return calls
+
+
+async def test_models_routed_by_a_prefix_share_one_count_and_named_ones_have_their_own(tmp_path: Path) -> None:
+    limits = {"window_s": 1_000_000_000, "tools": {"model:scripted-*": {"budget": 1}}}
+    async with model_stack(tmp_path, limits=limits) as s:
+        await s.client().responses.create(model="scripted-a", input="hi")
+        with pytest.raises(openai.PermissionDeniedError) as caught:
+            await s.client().responses.create(model="scripted-made-up", input="hi")
+        assert isinstance(caught.value.body, dict) and caught.value.body["code"] == "budget_exhausted"
+        await s.client().responses.create(model="gpt-test", input="hi")  # routed by name: its own count
+        assert [seen.body["model"] for seen in s.provider.seen] == ["scripted-a", "gpt-test"]

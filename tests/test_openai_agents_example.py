@@ -64,7 +64,10 @@ async def test_a_stop_issued_mid_run_ends_the_agent_run(tmp_path: Path, think_s:
     assert transcript.calls[0] == "lookup_order('A-1') -> order A-1: shipped"
 
     lines = transcript.lines()
-    assert lines[2:5] == [f"  {i}. order A-{i}: shipped" for i in (1, 2, 3)]
+    # The model reads every result but, possibly, the last: the gateway may refuse (or cut) the
+    # model call that carries it, before the model is sent it.
+    read = len(transcript.read)
+    assert lines[2 : 2 + read] == [f"  {i}. order A-{i}: shipped" for i in range(1, read + 1)]
     finished = f"finished: stopped by {notice.stop_id}: {example.REASON} after {calls} tool calls"
     assert lines[-1] == finished
 

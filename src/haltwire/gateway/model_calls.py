@@ -13,9 +13,10 @@ the gateway. A model call takes the tool call's pipeline, by the same code, in t
    lease's fence, the tripwires' latch;
 2. the route: the model name to its provider (``haltwire.gateway.models``), else
    ``unknown_model`` (404);
-3. ``Ceilings.admit`` as a call to ``model:NAME``: one step of the identity's budget and of the
-   run's ``run_steps``, one slot of its in-flight caps (``[limits.tools."model:NAME"]`` applies
-   as to a tool); the slot is held until the answer or the stream has ended;
+3. ``Ceilings.admit`` as a call to ``model:NAME`` (``model:PREFIX*`` for a model routed by a
+   prefix): one step of the identity's budget and of the run's ``run_steps``, one slot of its
+   in-flight caps (``[limits.tools."model:NAME"]`` applies as to a tool); the slot is held until
+   the answer or the stream has ended;
 4. in flight (``haltwire.gateway.inflight``, with ``[control]``): one more stop verdict, then
    registered as a ``cancellable`` call ``model:NAME``: a stop that matches it cuts it at once
    (the provider's request is closed, so the provider sees the connection close and stops
@@ -173,12 +174,13 @@ class ModelCalls:
             return
         lease = screened[0]
         run = lease.run if lease is not None else None
-        provider = self.routes.route(model)
-        if provider is None:
+        routed = self.routes.route(model)
+        if routed is None:
             await respond(send, refusal.unknown_model(model))
             return
-        name = f"model:{model}"
-        ticket = await gateway.ceilings.admit(identity, name, run)
+        provider, limited_as = routed
+        name = f"model:{model}"  # in the run report
+        ticket = await gateway.ceilings.admit(identity, f"model:{limited_as}", run)
         if isinstance(ticket, Refusal):
             await respond(send, ticket)
             return

@@ -93,11 +93,14 @@ class ModelRoutes:
             self._prefixes += [(p, provider) for p in route.prefixes]
         self._prefixes.sort(key=lambda item: -len(item[0]))
 
-    def route(self, model: str) -> Provider | None:
+    def route(self, model: str) -> tuple[Provider, str] | None:
+        """The provider of ``model``, and the name its limits are kept under: the model's own
+        when routed by name, ``PREFIX*`` when by a prefix (so names an agent makes up under a
+        prefix share one set of counters, not one each)."""
         found = self._exact.get(model)
         if found is not None:
-            return found
-        return next((p for prefix, p in self._prefixes if model.startswith(prefix)), None)
+            return found, model
+        return next(((p, f"{prefix}*") for prefix, p in self._prefixes if model.startswith(prefix)), None)
 
     async def aclose(self) -> None:
         for p in self.providers:
