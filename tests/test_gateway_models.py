@@ -400,3 +400,14 @@ async def test_models_routed_by_a_prefix_share_one_count_and_named_ones_have_the
         assert isinstance(caught.value.body, dict) and caught.value.body["code"] == "budget_exhausted"
         await s.client().responses.create(model="gpt-test", input="hi")  # routed by name: its own count
         assert [seen.body["model"] for seen in s.provider.seen] == ["scripted-a", "gpt-test"]
+
+
+async def test_a_stream_past_its_deadline_is_cut_and_ended_with_deadline_exceeded(tmp_path: Path) -> None:
+    async with model_stack(tmp_path, limits={"deadline_s": 1.0}) as s:
+        stream = await s.client().chat.completions.create(model="scripted-hang", messages=MESSAGES, stream=True)
+        with pytest.raises(openai.APIError) as caught:
+            async for _ in stream:
+                pass
+        body = caught.value.body
+        assert isinstance(body, dict) and body["code"] == "deadline_exceeded" and body["retryable"] is False
+        await _wait(s.provider.on(CHAT)[-1].disconnected)
