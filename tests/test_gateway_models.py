@@ -411,3 +411,18 @@ async def test_a_stream_past_its_deadline_is_cut_and_ended_with_deadline_exceede
         body = caught.value.body
         assert isinstance(body, dict) and body["code"] == "deadline_exceeded" and body["retryable"] is False
         await _wait(s.provider.on(CHAT)[-1].disconnected)
+
+
+async def test_a_body_too_large_or_naming_no_model_is_refused_in_openais_shape(tmp_path: Path) -> None:
+    async with model_stack(tmp_path) as s, httpx2.AsyncClient(timeout=10) as http:
+        auth = {"authorization": f"Bearer {TOKENS['ops-bot']}"}
+        url = f"{s.base_url}/chat/completions"
+        big = await http.post(url, content=b'{"model": "gpt-test", "x": "' + b"a" * 1_100_000 + b'"}', headers=auth)
+        assert big.status_code == 413 and big.json()["error"]["code"] == "payload_too_large"
+        for body in (b"[1]", b'{"model": 7}', b"not json", b'{"model": "gpt-test", "n": NaN}'):
+            r = await http.post(url, content=body, headers=auth)
+            assert r.status_code == 422, body
+            error = r.json()["error"]
+            assert (error["code"], error["type"]) == ("invalid_request", "invalid_request_error")
+            assert r.headers["x-should-retry"] == "false"
+        assert s.provider.seen == []
