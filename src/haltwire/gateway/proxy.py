@@ -14,6 +14,10 @@ never reaches the upstream: after admission it is recorded as an intent for the 
 (``haltwire.gateway.intents``). The gateway's own ``haltwire_intent`` tool takes the same
 pipeline (kill switch, lease, stops, ceilings), then is answered here, not upstream.
 
+The steps before routing (the kill switch, the lease, the stops, the tripwires' latch) are
+``Gateway.screen``, which a model call (``haltwire.gateway.model_calls``) takes too, as a call to
+no tool: no ``tool:`` stop reaches it.
+
 A stop also reaches calls already past its check: just before a call reaches its upstream it is
 registered as in flight (``haltwire.gateway.inflight``), after one more look at the stops
 (admission may have waited on Redis), and a stop applied while it runs cuts it if its tool is
