@@ -41,15 +41,12 @@ async def test_a_stop_issued_mid_run_ends_the_agent_run(tmp_path: Path, think_s:
     assert notice.stop_id == transcript.issued["stop_id"]
     assert notice.scope == f"run:{transcript.run_id}"
     assert notice.reason == example.REASON
+    # The model calls go through the gateway too: it may refuse (or cut) the next model call.
+    at_the_gateway = ("tool call (refused at the gateway)", "model call (refused at the gateway)")
     if push:  # the gateway hears the same stop on its own watch, and may hear it first
-        assert transcript.ended_in in (
-            "before a model call",
-            "model call",
-            "tool call",
-            "tool call (refused at the gateway)",
-        )
+        assert transcript.ended_in in ("before a model call", "model call", "tool call", *at_the_gateway)
     else:
-        assert transcript.ended_in == "tool call (refused at the gateway)"
+        assert transcript.ended_in in at_the_gateway
 
     # The operator stopped it after the 3rd call. A busy machine lets a few more through before
     # the push arrives (the fast agent calls every few ms; timing is not this test's to judge);
@@ -67,7 +64,10 @@ async def test_a_stop_issued_mid_run_ends_the_agent_run(tmp_path: Path, think_s:
     assert transcript.calls[0] == "lookup_order('A-1') -> order A-1: shipped"
 
     lines = transcript.lines()
-    assert lines[2:5] == [f"  {i}. order A-{i}: shipped" for i in (1, 2, 3)]
+    # The model reads every result but, possibly, the last: the gateway may refuse (or cut) the
+    # model call that carries it, before the model is sent it.
+    read = len(transcript.read)
+    assert lines[2 : 2 + read] == [f"  {i}. order A-{i}: shipped" for i in range(1, read + 1)]
     finished = f"finished: stopped by {notice.stop_id}: {example.REASON} after {calls} tool calls"
     assert lines[-1] == finished
 

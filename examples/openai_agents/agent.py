@@ -2,17 +2,20 @@
 
 Everything runs in this process on loopback: a control plane (SQLite in a temporary
 directory), the demo upstream, a gateway in front of it that requires a lease from the
-agent, and a scripted fake of the Responses API (``fake_model.py``), so no request leaves
-the machine and no real model is called.
+agent, and a scripted fake of the Responses API (``fake_model.py``) behind the same gateway
+(``[[models]]``), so no request leaves the machine and no real model is called.
 
-The agent is a plain ``Agent`` + ``Runner``. haltwire sits at three places:
+The agent is a plain ``Agent`` + ``Runner``. haltwire sits at four places:
 
 - the run holds a lease (``Lease.start``); the watch pushes a stop to it;
 - the model is wrapped in ``GuardedModel``: each model call runs under ``Guard``, so a stop
   cancels a model call in flight; ``LeaseHooks.on_llm_start`` also checks the lease first;
 - the one tool, ``lookup_order``, is a function tool whose body calls the gateway through
   ``LeasedTools`` (our own MCP client), so every ``tools/call`` carries the lease and runs
-  under the guard; the gateway verifies the lease on its own, too.
+  under the guard; the gateway verifies the lease on its own, too;
+- the model calls go through the gateway too (its ``/v1/responses``): the agent's key is its
+  haltwire token, each call carries the lease (``Haltwire-Lease``), and the gateway refuses a
+  stopped run's model call (403 ``stopped``) or cuts the one in flight, whatever the runtime does.
 
 The fake model asks for ``lookup_order`` on A-1, A-2, ... forever. After ``stop_after``
 calls have reached the upstream, the operator issues a stop on ``run:RUN_ID``; the run ends
@@ -23,6 +26,7 @@ Run: ``.venv/bin/python -m examples.openai_agents.agent`` (exit 0 when the stop 
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from collections.abc import AsyncIterator
@@ -48,7 +52,7 @@ from agents import (
 )
 from agents.models.openai_responses import OpenAIResponsesModel
 from mcp import Client
-from openai import AsyncOpenAI
+from openai import APIStatusError, AsyncOpenAI
 
 from haltwire.control import create_app, parse_control_config
 from haltwire.demo.stack import connect, demo_config, running_gateway, running_upstream
@@ -68,6 +72,8 @@ GATEWAY_TOKEN = "tok-gateway"
 RUNTIME_TOKEN = "tok-ops-runtime"
 MCP_TOKEN = "tok-ops"
 LEASE_SECRET = "example-lease-key-" + "x" * 32
+#: The fake provider's key, which only the gateway holds (read from this variable at its start).
+MODEL_KEY_ENV = "HALTWIRE_EXAMPLE_MODEL_KEY"
 REASON = "refund storm: the agent keeps looking up orders"
 
 #: The refusals from the gateway that mean this run is over, not this one call.
@@ -95,11 +101,12 @@ def control_config(db: Path) -> dict[str, Any]:
     }
 
 
-def gateway_config(upstream: str, control: str) -> dict[str, Any]:
+def gateway_config(upstream: str, control: str, model: str) -> dict[str, Any]:
     data = demo_config(
         upstream,
         control={"url": control, "token": GATEWAY_TOKEN, "staleness_s": 2.0},
         leases={"keys": [{"kid": "k1", "secret": LEASE_SECRET}]},
+        models=[{"name": "fake", "base_url": f"{model}/v1", "api_key_env": MODEL_KEY_ENV, "models": ["fake-model"]}],
     )
     data["identities"][0]["lease"] = "required"  # ops-bot: no lease, no tool call
     return data
@@ -171,6 +178,13 @@ class GuardedModel(Model):
         except StopRequested:
             self.transcript.ended_in = self.transcript.ended_in or "model call"
             raise
+        except APIStatusError as exc:
+            error = exc.body if isinstance(exc.body, dict) else {}
+            if error.get("code") not in RUN_OVER:
+                raise
+            # Level 3: the gateway refused the model call before this process saw the stop.
+            self.transcript.ended_in = self.transcript.ended_in or "model call (refused at the gateway)"
+            raise StopRequested(StopNotice.from_error(error)) from exc
 
     async def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
         # Streaming is checked between events only; this example runs non-streaming.
@@ -251,10 +265,16 @@ def stop_notice_in(exc: BaseException) -> StopNotice | None:
     return None
 
 
-async def run_agent(lease: Lease, mcp: Client, model_url: str, transcript: Transcript) -> None:
+async def run_agent(lease: Lease, mcp: Client, gateway_url: str, transcript: Transcript) -> None:
     """Run the agent until it ends; record why in ``transcript``."""
     guard = Guard(lease)
-    openai = AsyncOpenAI(base_url=f"{model_url}/v1", api_key="not-a-real-key", max_retries=0)
+
+    async def with_lease(request: httpx2.Request) -> None:
+        request.headers["Haltwire-Lease"] = lease.token  # the current one: renewals replace it
+
+    # The gateway is the model endpoint; the agent's key is its haltwire token, not a provider's.
+    http = httpx2.AsyncClient(event_hooks={"request": [with_lease]}, timeout=60)
+    openai = AsyncOpenAI(base_url=f"{gateway_url}/v1", api_key=MCP_TOKEN, max_retries=0, http_client=http)
     model = GuardedModel(OpenAIResponsesModel("fake-model", openai), guard, transcript)
     agent = Agent(
         name="ops-bot",
@@ -278,6 +298,7 @@ async def run_agent(lease: Lease, mcp: Client, model_url: str, transcript: Trans
             raise
     finally:
         await openai.close()
+        await http.aclose()
 
 
 async def operator_stop(control_url: str, scope: str, reason: str) -> dict[str, Any]:
@@ -299,7 +320,8 @@ class Stack:
     demo: DemoUpstream
     mcp_url: str
     model: FakeResponses
-    model_url: str
+    #: The gateway's base URL: its model endpoints are under ``/v1``.
+    gateway_url: str
 
 
 @asynccontextmanager
@@ -307,13 +329,14 @@ async def running_stack(workdir: Path, *, think_s: float) -> AsyncIterator[Stack
     """Control plane, demo upstream, gateway (lease required) and fake model, on loopback."""
     app = create_app(parse_control_config(control_config(workdir / "control.db")))
     model = FakeResponses(think_s=think_s)
+    os.environ.setdefault(MODEL_KEY_ENV, "fake-provider-key")
     async with (
         serving(app, graceful_s=1) as control_url,
         running_upstream() as (demo, upstream_url),
-        running_gateway(gateway_config(upstream_url, control_url)) as (_, mcp_url),
         serving(model.app()) as model_url,
+        running_gateway(gateway_config(upstream_url, control_url, model_url)) as (_, mcp_url),
     ):
-        yield Stack(control_url, demo, mcp_url, model, model_url)
+        yield Stack(control_url, demo, mcp_url, model, mcp_url.removesuffix("/mcp"))
 
 
 async def scenario(
@@ -352,7 +375,7 @@ async def scenario(
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(operator)
                     tg.start_soon(witness)
-                    await run_agent(lease, mcp, stack.model_url, transcript)
+                    await run_agent(lease, mcp, stack.gateway_url, transcript)
                     witnessing.cancel()
                     if transcript.served_when_stopped is None and transcript.notice is not None:
                         transcript.served_when_stopped = served["lookup_order"]  # refused at the gateway

@@ -56,7 +56,7 @@ TRANSIENT_CODES: Final = frozenset(
 
 #: Codes for a call that cannot be answered as made; neither a stop nor transient.
 REQUEST_CODES: Final = frozenset(
-    {"payload_too_large", "invalid_request", "unknown_intent", "intent_unreadable", "forbidden"}
+    {"payload_too_large", "invalid_request", "unknown_intent", "intent_unreadable", "forbidden", "unknown_model"}
 )
 
 #: The refusal the seed warns against, kept for ``haltwire demo loop`` to show what it does.
@@ -81,6 +81,8 @@ HTTP_STATUS: Final[dict[str, int]] = {
     "outcome_unknown": 409,
     "intent_refused": 403,
     "payload_too_large": 413,
+    # A model call naming a model no [[models]] entry routes (OpenAI answers 404 too).
+    "unknown_model": 404,
     # The control plane's statuses for the same codes.
     "invalid_request": 422,
     "unknown_intent": 404,
@@ -308,6 +310,19 @@ def upstream_unavailable(upstream: str, retry_after_s: float = 5.0) -> Refusal:
     )
 
 
+def provider_unavailable(provider: str, retry_after_s: float = 5.0) -> Refusal:
+    """``upstream_unavailable`` for a model call: its provider (``[[models]]``) cannot be reached."""
+    return Refusal(
+        code="upstream_unavailable",
+        message=(
+            f"The model provider {provider} cannot be reached right now, "
+            f"so wait {retry_after_s:g} s and then send this call again."
+        ),
+        retryable=True,
+        retry_after_s=retry_after_s,
+    )
+
+
 def registry_unreachable(retry_after_s: float = 5.0) -> Refusal:
     return Refusal(
         code="registry_unreachable",
@@ -324,6 +339,16 @@ def payload_too_large(limit: int) -> Refusal:
     return _request(
         "payload_too_large", f"The request body is larger than the {limit} bytes this gateway accepts."
     )
+
+
+def unknown_model(model: str) -> Refusal:
+    """A model call naming a model no ``[[models]]`` entry of the gateway routes."""
+    return _request("unknown_model", f"No model provider of this gateway serves the model {model!r}.")
+
+
+def model_request_invalid(why: str) -> Refusal:
+    """A model call whose body the gateway cannot route (``invalid_request``)."""
+    return _request("invalid_request", f"This model request cannot be routed ({why}).")
 
 
 def invalid_intent_id(max_chars: int) -> Refusal:

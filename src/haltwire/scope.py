@@ -58,15 +58,19 @@ class Scope:
 GLOBAL: Final = Scope("global")
 
 
-def call_scopes(identity: Identity, tool: str, run: str | None = None) -> frozenset[Scope]:
-    """Every scope a call by ``identity`` to ``tool`` (in ``run``, when known) belongs to."""
+def call_scopes(identity: Identity, tool: str | None, run: str | None = None) -> frozenset[Scope]:
+    """Every scope a call by ``identity`` to ``tool`` (in ``run``, when known) belongs to.
+
+    ``tool`` None: a call to no tool (a model call through the gateway), which no ``tool:`` stop
+    reaches."""
     scopes = {
         GLOBAL,
         Scope("agent", identity.agent),
         Scope("tenant", identity.tenant),
         Scope("version", f"{identity.agent}@{identity.version}"),
-        Scope("tool", tool),
     }
+    if tool is not None:
+        scopes.add(Scope("tool", tool))
     if run is not None:
         scopes.add(Scope("run", run))
     return frozenset(scopes)

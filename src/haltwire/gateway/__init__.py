@@ -24,8 +24,11 @@ from haltwire.gateway.intents import INTENT_TOOL, IntentDesk
 from haltwire.gateway.issuer import IssuerEdge, KeysUnavailable
 from haltwire.gateway.killswitch import SuspensionFile, write_suspensions
 from haltwire.gateway.leases import LeaseCheck
+from haltwire.gateway.model_calls import ModelCalls
+from haltwire.gateway.models import ModelRoutes
 from haltwire.gateway.outcomes import CallReports
 from haltwire.gateway.proxy import Gateway
+from haltwire.gateway.usage import UsageCounts
 from haltwire.store.counters import CounterStore
 from haltwire.store.counters.memory import MemoryCounters
 from haltwire.store.counters.redis import RedisCounters
@@ -160,8 +163,15 @@ def create_app(
         tripwires,
         call_log,
     )
+    # [[models]]: the model endpoints; every provider's key is read here (unset: a start-up error).
+    routes = ModelRoutes(config.models) if config.models else None
+    models = None
+    if routes is not None:
+        models = ModelCalls(gateway, routes, UsageCounts(store, config.limits.window_s, clock=clock))
 
     async def startup(stack: AsyncExitStack) -> None:
+        if routes is not None:
+            stack.push_async_callback(routes.aclose)
         if shared is not None:
             stack.push_async_callback(shared.aclose)  # after both stores close
         stack.push_async_callback(store.aclose)
@@ -217,6 +227,7 @@ def create_app(
         version=__version__,
         on_startup=startup,
         hosts=HostCheck(config.gateway.allowed_hosts, config.gateway.allowed_origins, config.gateway.host),
+        models=models,
     )
 
 

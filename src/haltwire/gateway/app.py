@@ -22,7 +22,9 @@ and all, into the official SDK's streamable-HTTP handler, so protocol corner cas
 have one implementation. The fast path exists because the SDK's server machinery costs
 more per call than every check haltwire makes (``benchmarks/gateway.py`` measures both).
 
-Beside ``/mcp``, without authentication: ``/healthz`` answers 200 as soon as the port is served
+With ``[[models]]``, ``POST /v1/chat/completions`` and ``POST /v1/responses`` pass the same
+edge (steps 1 to 3), then ``haltwire.gateway.model_calls`` serves them. Beside ``/mcp``, without
+authentication: ``/healthz`` answers 200 as soon as the port is served
 (liveness), ``/readyz`` 200 only once the gateway is started, its upstreams connected and its
 stops current, else 503 naming what is missing (readiness, ``haltwire.gateway.readiness``).
 ``haltwire gateway`` serves its port while it starts, so both answer then; a request to ``/mcp``
@@ -59,6 +61,9 @@ from haltwire.errors import unwrapped
 from haltwire.gateway.credentials import CREDENTIAL_STATE_KEY
 from haltwire.gateway.hosts import HostCheck
 from haltwire.gateway.identities import Identities
+from haltwire.gateway.model_calls import ModelCalls
+from haltwire.gateway.model_calls import respond as respond_model
+from haltwire.gateway.models import MODEL_PATHS
 from haltwire.gateway.proxy import Gateway
 from haltwire.gateway.readiness import NOT_STARTED, Start, readiness
 from haltwire.gateway.server import IDENTITY_STATE_KEY, build_server
@@ -126,8 +131,11 @@ class GatewayApp:
         version: str = "0",
         on_startup: Callable[[AsyncExitStack], Awaitable[None]] | None = None,
         hosts: HostCheck | None = None,
+        models: ModelCalls | None = None,
     ) -> None:
         self.gateway = gateway
+        #: The model endpoints (``[[models]]``); None: there are none.
+        self.models = models
         #: The Host and Origin values served; by default loopback names only.
         self.hosts = hosts if hosts is not None else HostCheck((), (), "127.0.0.1")
         #: Bearer token to identity: the token table, and an issuer's or the broker's JWTs.
@@ -165,6 +173,14 @@ class GatewayApp:
         refused = self.hosts.refusal(scope["headers"])
         if refused is not None:
             await _respond(send, *refused)
+            return
+        if path in MODEL_PATHS and self.models is not None and scope["method"] == "POST":
+            if not self.started and not await self.start_state.wait():
+                await _respond(send, 503, NOT_STARTED)
+                return
+            # The same edge, its refusals in OpenAI's shape; the rest is haltwire.gateway.model_calls.
+            if (who := await self._who(scope, send, respond_model)) is not None:
+                await self.models.serve(path, scope, receive, send, *who, self.max_body_bytes)
             return
         if path != "/mcp":
             await _respond(
@@ -216,23 +232,32 @@ class GatewayApp:
             message = await receive()
         await send({"type": "lifespan.shutdown.complete"})
 
-    async def _edge(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _who(
+        self, scope: Scope, send: Send, refuse: Callable[[Send, Refusal], Awaitable[None]]
+    ) -> tuple[Identity, LeaseClaims | None] | None:
+        """Edge steps 1 to 3: the caller's identity (and broker credential), or None once refused."""
         token = bearer_token((_header(scope, b"authorization") or b"").decode("latin-1"))
         if token is None:
-            await _respond_refusal(send, refusal.unauthenticated("no bearer token was sent"))
-            return
+            await refuse(send, refusal.unauthenticated("no bearer token was sent"))
+            return None
         resolved = await self.identities.resolve(token)
         if isinstance(resolved, Refusal):
-            await _respond_refusal(send, resolved)
-            return
-        identity, credential = resolved
-        if identity.suspended_at_edge:
-            await _respond_refusal(send, refusal.agent_suspended(identity.agent))
-            return
+            await refuse(send, resolved)
+            return None
+        if resolved[0].suspended_at_edge:
+            await refuse(send, refusal.agent_suspended(resolved[0].agent))
+            return None
         length = _header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            await _respond_refusal(send, refusal.payload_too_large(self.max_body_bytes))
+            await refuse(send, refusal.payload_too_large(self.max_body_bytes))
+            return None
+        return resolved
+
+    async def _edge(self, scope: Scope, receive: Receive, send: Send) -> None:
+        who = await self._who(scope, send, _respond_refusal)
+        if who is None:
             return
+        identity, credential = who
         state = scope.setdefault("state", {})
         state[IDENTITY_STATE_KEY] = identity
         state[CREDENTIAL_STATE_KEY] = credential  # the SDK path reads it too (server.py)

@@ -25,6 +25,7 @@ from haltwire.config import (
 )
 from haltwire.credentials import ISSUER as CREDENTIAL_ISSUER
 from haltwire.gateway.hosts import host_entry, origin_entry
+from haltwire.gateway.model_config import ModelRoute, check_models
 from haltwire.identity import Identity, IdentityKey, RefuseAt, TokenTable
 from haltwire.listener import ListenerLimits
 from haltwire.tripwires.calllog import CallLogSection
@@ -271,6 +272,8 @@ class GatewayConfig(ConfigModel):
     executor: ExecutorSection | None = None
     identities: list[IdentityConfig] = Field(default_factory=list)
     upstreams: list[UpstreamConfig] = Field(min_length=1)
+    #: Model providers for model calls (``haltwire.gateway.model_config``); none: no model endpoints.
+    models: list[ModelRoute] = Field(default_factory=list)
     #: Per-call tripwire rules (``haltwire.tripwires.rules``); none: no per-call work.
     tripwires: list[TripwireRule] = Field(default_factory=list)
     tripwire_stops: TripwireStops | None = None
@@ -363,6 +366,7 @@ class GatewayConfig(ConfigModel):
                         f'name it instead: headers_env = {{ "{first}" = "ENV_VAR" }}'
                     )
         check_tripwires(self.tripwires, self.tripwire_stops, self.control, self.gateway.development)
+        check_models(self.models, self.gateway.development)
         return self
 
     def _check_issuer(self, issuer: IssuerSection) -> None:

@@ -64,6 +64,14 @@ class Call:
     refusal: Refusal | None = None
     stop_id: str | None = None
     stopped_at: float | None = None
+    #: A model call (``haltwire.gateway.model_calls``): ``tool`` is ``model:NAME``, which names it
+    #: in the run report, but no ``tool:`` stop reaches it.
+    model: bool = False
+
+    @property
+    def scoped_tool(self) -> str | None:
+        """The tool whose ``tool:`` stops reach this call (None for a model call)."""
+        return None if self.model else self.tool
 
 
 class InFlight:
@@ -79,13 +87,16 @@ class InFlight:
     def __len__(self) -> int:
         return len(self._calls)
 
-    def start(self, identity: Identity, tool: str, label: Label, lease: LeaseClaims | None) -> Call | Refusal:
+    def start(
+        self, identity: Identity, tool: str, label: Label, lease: LeaseClaims | None, *, model: bool = False
+    ) -> Call | Refusal:
         """Register a call about to reach its upstream, or the refusal of a stop applied since its
-        own check (the ceilings' admission may have waited on Redis): then nothing reached it."""
-        stopped = verdict_refusal(self.watch, identity, tool, lease)
+        own check (the ceilings' admission may have waited on Redis): then nothing reached it.
+        ``model``: a model call (``tool`` is ``model:NAME``; no ``tool:`` stop reaches it)."""
+        stopped = verdict_refusal(self.watch, identity, None if model else tool, lease)
         if stopped is not None:
             return stopped
-        call = Call(identity, tool, label, lease, self._clock())
+        call = Call(identity, tool, label, lease, self._clock(), model=model)
         self._calls.add(call)  # no await since the check: no stop can fall in between
         return call
 
@@ -125,7 +136,7 @@ class InFlight:
         for call in list(self._calls):
             if call.stop_id is not None:
                 continue  # an earlier stop reached it already
-            refusal = verdict_refusal(self.watch, call.identity, call.tool, call.lease)
+            refusal = verdict_refusal(self.watch, call.identity, call.scoped_tool, call.lease)
             if refusal is None:
                 continue
             call.refusal, call.stopped_at = refusal, now

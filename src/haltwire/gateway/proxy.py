@@ -14,6 +14,10 @@ never reaches the upstream: after admission it is recorded as an intent for the 
 (``haltwire.gateway.intents``). The gateway's own ``haltwire_intent`` tool takes the same
 pipeline (kill switch, lease, stops, ceilings), then is answered here, not upstream.
 
+The steps before routing (the kill switch, the lease, the stops, the tripwires' latch) are
+``Gateway.screen``, which a model call (``haltwire.gateway.model_calls``) takes too, as a call to
+no tool: no ``tool:`` stop reaches it.
+
 A stop also reaches calls already past its check: just before a call reaches its upstream it is
 registered as in flight (``haltwire.gateway.inflight``), after one more look at the stops
 (admission may have waited on Redis), and a stop applied while it runs cuts it if its tool is
@@ -171,6 +175,39 @@ class Gateway:
         lease_header: str | None,
         credential: LeaseClaims | None,
     ) -> dict[str, Any] | Refusal:
+        screened = self.screen(identity, name, meta, lease_header, credential)
+        if isinstance(screened, Refusal):
+            return screened
+        lease, meta = screened
+        run = lease.run if lease is not None else None
+        tripwires = self.tripwires
+        if tripwires is None:
+            return await self._admitted(identity, name, arguments, meta, progress, lease, run)
+        entry = CURRENT.get() if self.call_log is not None else None
+        try:
+            result = await self._admitted(identity, name, arguments, meta, progress, lease, run)
+        except MCPError:
+            # The upstream's JSON-RPC error (passed on as is), or an unknown tool: an error outcome.
+            if entry is not None and self.call_log is not None:
+                self.call_log.outcome(entry, FAILED)
+            await tripwires.settle(identity, name, run, FAILED)
+            raise
+        if entry is not None and self.call_log is not None:
+            self.call_log.outcome(entry, result)  # before the judgement replaces it
+        return await tripwires.settle(identity, name, run, result)
+
+    def screen(
+        self,
+        identity: Identity,
+        tool: str | None,
+        meta: dict[str, Any] | None,
+        lease_header: str | None,
+        credential: LeaseClaims | None,
+    ) -> tuple[LeaseClaims | None, dict[str, Any] | None] | Refusal:
+        """Steps 5 to 5c, before anything is routed or counted: the kill switch, the lease, the
+        stops, the tripwires' latch. The one rule for a tool call and a model call (``tool`` None,
+        ``haltwire.gateway.model_calls``: no ``tool:`` stop reaches it). Answers the call's lease
+        (None: in no run) and ``meta`` without the lease token, or the refusal."""
         if self.suspensions.is_suspended(identity.agent):
             return refusal.agent_suspended(identity.agent)
         lease: LeaseClaims | None = credential
@@ -188,26 +225,14 @@ class Gateway:
         run = lease.run if lease is not None else None
         if (entry := CURRENT.get() if self.call_log is not None else None) is not None:
             entry.run = run
-        if self.stops is not None and (stopped := stop_refusal(self.stops, identity, name, lease)) is not None:
+        if self.stops is not None and (stopped := stop_refusal(self.stops, identity, tool, lease)) is not None:
             return stopped  # before routing and ceilings: a stopped call consumes nothing
         if entry is not None:
             entry.stage = "latch"
         tripwires = self.tripwires
-        if tripwires is None:
-            return await self._admitted(identity, name, arguments, meta, progress, lease, run)
-        if (tripped := tripwires.latched(identity, name, run)) is not None:
+        if tripwires is not None and (tripped := tripwires.latched(identity, tool, run)) is not None:
             return tripped
-        try:
-            result = await self._admitted(identity, name, arguments, meta, progress, lease, run)
-        except MCPError:
-            # The upstream's JSON-RPC error (passed on as is), or an unknown tool: an error outcome.
-            if entry is not None and self.call_log is not None:
-                self.call_log.outcome(entry, FAILED)
-            await tripwires.settle(identity, name, run, FAILED)
-            raise
-        if entry is not None and self.call_log is not None:
-            self.call_log.outcome(entry, result)  # before the judgement replaces it
-        return await tripwires.settle(identity, name, run, result)
+        return lease, meta
 
     async def _admitted(
         self,

@@ -25,15 +25,18 @@ from haltwire.tokens import LeaseClaims
 from haltwire.watch import StopWatch
 
 
-def stop_refusal(watch: StopWatch, identity: Identity, tool: str, lease: LeaseClaims | None) -> Refusal | None:
-    """The refusal for this call, or None (see the module's docstring)."""
+def stop_refusal(
+    watch: StopWatch, identity: Identity, tool: str | None, lease: LeaseClaims | None
+) -> Refusal | None:
+    """The refusal for this call, or None (see the module's docstring). ``tool`` None: a model
+    call, which belongs to every scope a tool call does but a tool's."""
     if not watch.current():
         return refusal.registry_unreachable(watch.link.staleness_s)
     return verdict_refusal(watch, identity, tool, lease)
 
 
 def verdict_refusal(
-    watch: StopWatch, identity: Identity, tool: str, lease: LeaseClaims | None
+    watch: StopWatch, identity: Identity, tool: str | None, lease: LeaseClaims | None
 ) -> Refusal | None:
     """Step 2 alone: whether the stops held stop this call (a call in flight is judged by it too)."""
     run = lease.run if lease is not None else None

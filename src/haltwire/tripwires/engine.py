@@ -156,8 +156,8 @@ class Tripwires:
 
     # 1. the latch
 
-    def latched(self, identity: Identity, tool: str, run: str | None) -> Refusal | None:
-        """The refusal of a call in a scope this gateway tripped, or None."""
+    def latched(self, identity: Identity, tool: str | None, run: str | None) -> Refusal | None:
+        """The refusal of a call (``tool`` None: a model call) in a scope this gateway tripped, or None."""
         if not self._latched:
             return None
         for scope in latch_scopes(identity, run):

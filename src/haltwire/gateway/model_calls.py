@@ -1,0 +1,291 @@
+"""Model calls through the gateway (issue 14): ``POST /v1/chat/completions`` and
+``POST /v1/responses``, forwarded to the ``[[models]]`` provider with its key, streamed or not.
+
+The agent's haltwire token is its API key; the provider's key is added here and never leaves
+the gateway. A model call takes the tool call's pipeline, by the same code, in the same order:
+
+0. the edge (``haltwire.gateway.app``): Host and Origin, the bearer token to an identity (401),
+   an identity suspended at the edge (403), the body within ``max_body_bytes`` (413) and read
+   by the strict JSON parser; here, a body that is not an object naming a ``model`` (422);
+1. ``Gateway.screen`` (``haltwire.gateway.proxy``, steps 5 to 5c): the kill switch, the lease
+   (``Haltwire-Lease`` header; a broker credential stands for it), the stops on every scope of
+   the call (global, tenant, version, agent, and its run; never a ``tool:`` stop) and the
+   lease's fence, the tripwires' latch;
+2. the route: the model name to its provider (``haltwire.gateway.models``), else
+   ``unknown_model`` (404);
+3. ``Ceilings.admit`` as a call to ``model:NAME`` (``model:PREFIX*`` for a model routed by a
+   prefix): one step of the identity's budget and of the run's ``run_steps``, one slot of its
+   in-flight caps (``[limits.tools."model:NAME"]`` applies as to a tool); the slot is held until
+   the answer or the stream has ended;
+4. in flight (``haltwire.gateway.inflight``, with ``[control]``): one more stop verdict, then
+   registered as a ``cancellable`` call ``model:NAME``: a stop that matches it cuts it at once
+   (the provider's request is closed, so the provider sees the connection close and stops
+   generating) and the client is answered the ``stopped`` refusal: as an HTTP 403 if nothing
+   was sent yet, else as the stream's last event (``models.error_event``); the cut is reported
+   to the control plane for the run report, as a tool call's is;
+5. the provider call under the call's deadline (the ceilings' for ``model:NAME``; past it,
+   ``deadline_exceeded``); the provider unreachable: ``upstream_unavailable`` (503);
+   the provider's answer, body or stream, is relayed as it came (``models``, headers aside);
+6. finally: the slots released (shielded), the tokens and their cost counted
+   (``haltwire.gateway.usage``, ``[[models]] prices``).
+
+A client that disconnects cancels the call: the provider's request is closed too. Refusals are
+answered in OpenAI's error shape (``models.refusal_response``), terminal ones as 403 with
+``x-should-retry: false``, so the OpenAI client raises them once without retrying.
+Not yet for model calls: the per-call tripwires' counts and judgements, and the call log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+from typing import Any, Final
+
+import anyio
+import httpx2
+from starlette.types import Receive, Scope, Send
+
+from haltwire import jsonwire, refusal
+from haltwire.errors import unwrapped
+from haltwire.gateway.models import (
+    EventSplitter,
+    ModelRoutes,
+    Provider,
+    ProviderUnavailable,
+    error_event,
+    event_data,
+    forwarded_headers,
+    open_call,
+    refusal_response,
+    returned_headers,
+)
+from haltwire.gateway.outcomes import Outcome
+from haltwire.gateway.proxy import RELEASE_TIMEOUT_S, Gateway
+from haltwire.gateway.usage import Tokens, Usage, UsageCounts, answer_tokens, event_tokens, wants_usage
+from haltwire.gateway.wire import BodyTooLarge, read_body
+from haltwire.identity import Identity
+from haltwire.meta import LEASE_HEADER
+from haltwire.refusal import Refusal
+from haltwire.store.counters import CountersUnavailable
+from haltwire.tokens import LeaseClaims
+
+log = logging.getLogger("haltwire.gateway")
+
+_SEQUENCE: Final = re.compile(rb'"sequence_number"\s*:\s*(\d+)')
+
+
+async def respond(send: Send, r: Refusal) -> None:
+    status, headers, body = refusal_response(r)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _Relay:
+    """The client's side of one call: what was sent to it, and what the answer said."""
+
+    def __init__(self, send: Send, path: str, strip_usage: bool) -> None:
+        self.send = send
+        self.path = path
+        #: Keep chat completions' usage-only last chunk from the client (the gateway asked for it).
+        self.strip_usage = strip_usage
+        self.started = False
+        self.ended = False
+        self.status = 0
+        self.tokens: Tokens | None = None
+        self.sequence: int | None = None
+
+    async def whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self.started, self.status = True, status
+        headers = [*headers, (b"content-length", str(len(body)).encode())]
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+        await self.send({"type": "http.response.body", "body": body})
+        self.ended = True
+
+    async def start_stream(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.started, self.status = True, status
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def event(self, event: bytes) -> None:
+        if self.path == "/v1/responses" and (m := _SEQUENCE.search(event)) is not None:
+            self.sequence = int(m.group(1))
+        if b'"usage"' in event:
+            tokens, usage_only = event_tokens(self.path, *event_data(event))
+            if tokens is not None:
+                self.tokens = tokens
+            if usage_only and self.strip_usage:
+                return
+        await self.send({"type": "http.response.body", "body": event, "more_body": True})
+
+    async def end(self, last: bytes = b"") -> None:
+        self.ended = True
+        await self.send({"type": "http.response.body", "body": last, "more_body": False})
+
+    async def refuse(self, r: Refusal) -> None:
+        """Answer ``r``: as the response if nothing was sent, else as the stream's last event."""
+        if not self.started:
+            self.started = self.ended = True
+            await respond(self.send, r)
+        elif not self.ended:
+            await self.end(error_event(r, self.path, self.sequence))
+
+
+class ModelCalls:
+    """The model endpoints, behind the edge (see the module's docstring for the order)."""
+
+    def __init__(self, gateway: Gateway, routes: ModelRoutes, usage: UsageCounts) -> None:
+        self.gateway = gateway
+        self.routes = routes
+        self.usage = usage
+
+    async def serve(
+        self,
+        path: str,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        identity: Identity,
+        credential: LeaseClaims | None,
+        max_body_bytes: int,
+    ) -> None:
+        """Serve one model call of ``identity``, which the edge resolved (its body is still unread)."""
+        try:
+            body = await read_body(receive, max_body_bytes)
+        except BodyTooLarge:
+            await respond(send, refusal.payload_too_large(max_body_bytes))
+            return
+        try:
+            request: Any = jsonwire.loads(body)  # the edge's one strict parser
+        except (ValueError, RecursionError):  # jsonwire.NotJson too: then no model is named
+            request = None
+        model = request.get("model") if isinstance(request, dict) else None
+        if not isinstance(model, str) or not model:
+            await respond(send, refusal.model_request_invalid("the body is not a JSON object naming a model"))
+            return
+        assert isinstance(request, dict)
+        gateway = self.gateway
+        lease_header = None
+        if gateway.leases is not None:
+            lease_header = next((v.decode("latin-1") for k, v in scope["headers"] if k == LEASE_HEADER.encode()), None)
+        screened = gateway.screen(identity, None, None, lease_header, credential)
+        if isinstance(screened, Refusal):
+            await respond(send, screened)
+            return
+        lease = screened[0]
+        run = lease.run if lease is not None else None
+        routed = self.routes.route(model)
+        if routed is None:
+            await respond(send, refusal.unknown_model(model))
+            return
+        provider, limited_as = routed
+        name = f"model:{model}"  # in the run report
+        ticket = await gateway.ceilings.admit(identity, f"model:{limited_as}", run)
+        if isinstance(ticket, Refusal):
+            await respond(send, ticket)
+            return
+        stream = request.get("stream") is True
+        strip_usage = stream and path == "/v1/chat/completions" and not wants_usage(request)
+        if strip_usage:
+            # The provider sends the usage of a stream only when asked (see haltwire.gateway.usage).
+            options = request.get("stream_options")
+            options = {**options, "include_usage": True} if isinstance(options, dict) else {"include_usage": True}
+            body = json.dumps({**request, "stream_options": options}, separators=(",", ":")).encode()
+        relay = _Relay(send, path, strip_usage)
+        try:
+            await self._call(identity, lease, name, provider, path, scope, receive, body, relay, ticket.deadline_s)
+        finally:
+            with anyio.move_on_after(RELEASE_TIMEOUT_S, shield=True):
+                try:
+                    await ticket.release()
+                except CountersUnavailable as exc:
+                    log.warning("could not release a slot of %s (%s); it expires by itself", identity.agent, exc)
+                if (tokens := relay.tokens) is not None:
+                    price = provider.route.price(model)
+                    money = 0 if price is None else price.micros(tokens.input, tokens.output)
+                    await self.usage.add(identity, run, Usage(tokens.input, tokens.output, money))
+
+    async def _call(
+        self,
+        identity: Identity,
+        lease: LeaseClaims | None,
+        name: str,
+        provider: Provider,
+        path: str,
+        scope: Scope,
+        receive: Receive,
+        body: bytes,
+        relay: _Relay,
+        deadline_s: float,
+    ) -> None:
+        inflight = self.gateway.inflight
+        call = None if inflight is None else inflight.start(identity, name, "cancellable", lease, model=True)
+        if isinstance(call, Refusal):
+            await relay.refuse(call)  # a stop since the screen: nothing reached the provider
+            return
+        outcome: Outcome = "abandoned"
+        gone = False
+
+        async def watch_disconnect(group: anyio.CancelScope) -> None:
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            group.cancel()
+
+        headers = forwarded_headers(scope["headers"])
+        try:
+            with call.scope if call is not None else contextlib.nullcontext(), anyio.fail_after(deadline_s):
+                with unwrapped():
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(watch_disconnect, tg.cancel_scope)
+                        await self._exchange(provider, path, body, headers, relay)
+                        tg.cancel_scope.cancel()
+                if not gone:
+                    outcome = "completed" if relay.status == 200 else "failed"
+            if call is not None and call.refusal is not None and call.scope.cancelled_caught:
+                outcome = "cancelled"  # a stop cut it: the client is told so, the report too
+                await relay.refuse(call.refusal)
+        except TimeoutError:
+            outcome = "deadline_exceeded"
+            await relay.refuse(refusal.deadline_exceeded(name, deadline_s))
+        except ProviderUnavailable as exc:
+            outcome = "upstream_unavailable"
+            log.warning("model provider unavailable: %s", exc)
+            await relay.refuse(refusal.provider_unavailable(provider.name))
+        finally:
+            if call is not None:
+                assert inflight is not None
+                inflight.end(call, outcome)
+
+    async def _exchange(
+        self, provider: Provider, path: str, body: bytes, headers: list[tuple[str, str]], relay: _Relay
+    ) -> None:
+        """Send the call to the provider and relay its answer; the provider's request is closed on
+        the way out, whatever ends it (a stop, the deadline, the client gone)."""
+        response = await open_call(provider, path, body, headers)
+        try:
+            kind = response.headers.get("content-type", "")
+            if response.status_code != 200 or not kind.startswith("text/event-stream"):
+                data = await response.aread()
+                if response.status_code == 200:
+                    relay.tokens = answer_tokens(data)
+                await relay.whole(response.status_code, returned_headers(response), data)
+                return
+            await relay.start_stream(response.status_code, returned_headers(response))
+            splitter = EventSplitter()
+            try:
+                async for chunk in response.aiter_bytes():
+                    for event in splitter.feed(chunk):
+                        await relay.event(event)
+            except httpx2.HTTPError as exc:
+                # The provider broke off mid-stream: the client's stream ends where it did.
+                log.warning("model provider %s broke off a stream: %s", provider.name, exc)
+            await relay.end(splitter.rest())
+        except httpx2.HTTPError as exc:
+            if relay.started:
+                raise
+            raise ProviderUnavailable(f"{provider.name}: {type(exc).__name__}") from exc
+        finally:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
