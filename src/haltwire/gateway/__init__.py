@@ -171,6 +171,7 @@ def create_app(
 
     async def startup(stack: AsyncExitStack) -> None:
         if routes is not None:
+            routes.open()  # aiohttp's sessions belong to the serving loop
             stack.push_async_callback(routes.aclose)
         if shared is not None:
             stack.push_async_callback(shared.aclose)  # after both stores close

@@ -44,12 +44,12 @@ import re
 from typing import Any, Final
 
 import anyio
-import httpx2
 from starlette.types import Receive, Scope, Send
 
 from haltwire import jsonwire, refusal
-from haltwire.errors import unwrapped
+from haltwire.errors import describe, unwrapped
 from haltwire.gateway.models import (
+    PROVIDER_ERRORS,
     EventSplitter,
     ModelRoutes,
     Provider,
@@ -264,28 +264,38 @@ class ModelCalls:
         """Send the call to the provider and relay its answer; the provider's request is closed on
         the way out, whatever ends it (a stop, the deadline, the client gone)."""
         response = await open_call(provider, path, body, headers)
+        read = False  # the answer read to its end: its connection is kept for the next call
         try:
             kind = response.headers.get("content-type", "")
-            if response.status_code != 200 or not kind.startswith("text/event-stream"):
-                data = await response.aread()
-                if response.status_code == 200:
+            if response.status != 200 or not kind.startswith("text/event-stream"):
+                try:
+                    data = await response.read()
+                except PROVIDER_ERRORS as exc:
+                    raise ProviderUnavailable(f"{provider.name}: {describe(exc)}") from exc
+                read = True
+                if response.status == 200:
                     relay.tokens = answer_tokens(data)
-                await relay.whole(response.status_code, returned_headers(response), data)
+                await relay.whole(response.status, returned_headers(response), data)
                 return
-            await relay.start_stream(response.status_code, returned_headers(response))
+            await relay.start_stream(response.status, returned_headers(response))
             splitter = EventSplitter()
-            try:
-                async for chunk in response.aiter_bytes():
-                    for event in splitter.feed(chunk):
-                        await relay.event(event)
-            except httpx2.HTTPError as exc:
-                # The provider broke off mid-stream: the client's stream ends where it did.
-                log.warning("model provider %s broke off a stream: %s", provider.name, exc)
+            while True:
+                try:
+                    chunk = await response.content.readany()
+                except PROVIDER_ERRORS as exc:
+                    # The provider broke off mid-stream: the client's stream ends where it did.
+                    log.warning("model provider %s broke off a stream: %s", provider.name, describe(exc))
+                    break
+                if not chunk:
+                    read = True
+                    break
+                for event in splitter.feed(chunk):
+                    await relay.event(event)
             await relay.end(splitter.rest())
-        except httpx2.HTTPError as exc:
-            if relay.started:
-                raise
-            raise ProviderUnavailable(f"{provider.name}: {type(exc).__name__}") from exc
         finally:
-            with anyio.CancelScope(shield=True):
-                await response.aclose()
+            # Closing drops the connection: how the provider learns the call is over (it stops
+            # generating); a cut stream's connection is never reused.
+            if read:
+                response.release()
+            else:
+                response.close()

@@ -1,5 +1,5 @@
 """Model providers on the wire: routing a model name to its ``[[models]]`` entry, forwarding the
-request with the provider's key (httpx2, streamed), and the OpenAI shapes of what the gateway
+request with the provider's key (aiohttp, streamed), and the OpenAI shapes of what the gateway
 itself answers (a refusal as an error body, a cut stream's last event).
 
 What is forwarded (``forwarded_headers``): the client's headers but its credentials and the
@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from typing import Any, Final
 
-import httpx2
+import aiohttp
+import anyio
+from yarl import URL
 
+from haltwire.errors import describe
 from haltwire.gateway.model_config import ModelRoute
 from haltwire.refusal import TRANSIENT_CODES, Refusal
+from haltwire.upstreams.sessions import client_session, env_proxy
 
 #: The gateway's model endpoints and the provider path (under its ``base_url``) each goes to.
 MODEL_PATHS: Final = {"/v1/chat/completions": "/chat/completions", "/v1/responses": "/responses"}
@@ -58,16 +61,39 @@ class ProviderUnavailable(Exception):
     """The provider could not be reached (connection refused, reset, timed out connecting)."""
 
 
-@dataclass(slots=True)
-class Provider:
-    """One ``[[models]]`` entry with its client (the key is in the client's headers only)."""
+#: What a failed exchange with a provider raises (``asyncio.TimeoutError`` is an OSError).
+PROVIDER_ERRORS: Final = (aiohttp.ClientError, OSError)
 
-    route: ModelRoute
-    client: httpx2.AsyncClient
+
+class Provider:
+    """One ``[[models]]`` entry with its session, opened by the gateway's lifespan (the key is in
+    the session's headers only)."""
+
+    def __init__(self, route: ModelRoute, key: str) -> None:
+        self.route = route
+        self.urls = {path: URL(route.base_url + rest) for path, rest in MODEL_PATHS.items()}
+        self.proxy, self.proxy_auth = env_proxy(URL(route.base_url))
+        self._key = key
+        self._session: aiohttp.ClientSession | None = None
 
     @property
     def name(self) -> str:
         return self.route.name
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        assert self._session is not None, "ModelRoutes.open() runs at start-up"
+        return self._session
+
+    def open(self) -> None:
+        # No limit on connections: the ceilings' in-flight caps bound them.
+        headers = {"authorization": f"Bearer {self._key}"}
+        self._session = client_session(limit=0, connect_timeout_s=self.route.connect_timeout_s, headers=headers)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            with anyio.CancelScope(shield=True):  # run as the gateway shuts down, inside a cancelled scope
+                await self._session.close()
 
 
 class ModelRoutes:
@@ -79,15 +105,7 @@ class ModelRoutes:
         self._exact: dict[str, Provider] = {}
         self._prefixes: list[tuple[str, Provider]] = []
         for n, route in enumerate(routes):
-            key = route.api_key(f"models[{n}]")
-            client = httpx2.AsyncClient(
-                base_url=route.base_url,
-                headers={"authorization": f"Bearer {key}"},
-                timeout=httpx2.Timeout(None, connect=route.connect_timeout_s),
-                limits=httpx2.Limits(max_connections=None, max_keepalive_connections=100),
-                trust_env=False,  # it reads ~/.netrc per request; the provider's key is the credential
-            )
-            provider = Provider(route, client)
+            provider = Provider(route, route.api_key(f"models[{n}]"))
             self.providers.append(provider)
             self._exact.update(dict.fromkeys(route.models, provider))
             self._prefixes += [(p, provider) for p in route.prefixes]
@@ -102,9 +120,14 @@ class ModelRoutes:
             return found, model
         return next(((p, f"{prefix}*") for prefix, p in self._prefixes if model.startswith(prefix)), None)
 
+    def open(self) -> None:
+        """Open the providers' sessions (in the event loop that serves the calls)."""
+        for p in self.providers:
+            p.open()
+
     async def aclose(self) -> None:
         for p in self.providers:
-            await p.client.aclose()
+            await p.aclose()
 
 
 def forwarded_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
@@ -114,19 +137,27 @@ def forwarded_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
     return out
 
 
-
-def returned_headers(response: httpx2.Response) -> list[tuple[bytes, bytes]]:
+def returned_headers(response: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
     """The provider's response headers the client gets."""
-    return [(k, v) for k, v in response.headers.raw if k.lower() not in _NOT_RET_BYTES]
+    return [(k, v) for k, v in response.raw_headers if k.lower() not in _NOT_RET_BYTES]
 
 
-async def open_call(provider: Provider, path: str, body: bytes, headers: list[tuple[str, str]]) -> httpx2.Response:
-    """Send the request; the response with its body unread (the caller closes it)."""
-    request = provider.client.build_request("POST", MODEL_PATHS[path], content=body, headers=headers)
+async def open_call(
+    provider: Provider, path: str, body: bytes, headers: list[tuple[str, str]]
+) -> aiohttp.ClientResponse:
+    """Send the request; the response with its body unread (the caller releases or closes it;
+    cancelled before the answer's head, aiohttp closes the connection)."""
     try:
-        return await provider.client.send(request, stream=True)
-    except (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.RemoteProtocolError, httpx2.ReadError) as exc:
-        raise ProviderUnavailable(f"{provider.name}: {type(exc).__name__}") from exc
+        return await provider.session.post(
+            provider.urls[path],
+            data=body,
+            headers=headers,
+            allow_redirects=False,
+            proxy=provider.proxy,
+            proxy_auth=provider.proxy_auth,
+        )
+    except PROVIDER_ERRORS as exc:
+        raise ProviderUnavailable(f"{provider.name}: {describe(exc)}") from exc
 
 
 # -- what the gateway answers itself, in OpenAI's shapes ----------------------------------------

@@ -9,7 +9,6 @@ validation the caller's own client repeats) costs more than every check the gate
 from __future__ import annotations
 
 import codecs
-import contextlib
 import itertools
 import json
 import re
@@ -19,7 +18,6 @@ from typing import Any, Final
 import aiohttp
 import anyio
 import mcp.types as types
-from aiohttp.helpers import get_env_proxy_for_url
 from mcp.client.streamable_http import DEFAULT_MAX_SSE_EVENT_SIZE
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
@@ -44,6 +42,7 @@ from yarl import URL
 
 from haltwire import __version__, jsonwire
 from haltwire.errors import describe
+from haltwire.upstreams.sessions import client_session, env_proxy
 
 Progress = ProgressFnT
 
@@ -57,9 +56,6 @@ CLIENT_INFO: Final = types.Implementation(name="haltwire", version=__version__)
 
 #: Connections to one HTTP upstream at once, all kept open between calls.
 HTTP_MAX_CONNECTIONS: Final = 256
-#: An idle connection is dropped after this long: before servers drop it (uvicorn: 5 s), so
-#: a POST is not sent on a connection the server is closing (POSTs are never retried).
-HTTP_KEEPALIVE_S: Final = 4.0
 #: Opening a connection (or waiting for one of the pool); a call's own deadline bounds the rest.
 HTTP_CONNECT_TIMEOUT_S: Final = 30.0
 
@@ -121,20 +117,8 @@ class ModernHttpCaller:
     ) -> None:
         self._url = URL(url)
         self._name = name
-        # aiohttp, not httpx2: ~0.75 ms of CPU per request against ~2 ms (benchmarks/gateway.py).
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=HTTP_MAX_CONNECTIONS, keepalive_timeout=HTTP_KEEPALIVE_S),
-            timeout=aiohttp.ClientTimeout(total=None, connect=HTTP_CONNECT_TIMEOUT_S),
-            # Calls of every identity share the session: no cookie of one goes out with another's.
-            cookie_jar=aiohttp.DummyCookieJar(),
-        )
-        # The environment's proxy settings (HTTP_PROXY, NO_PROXY, ...) apply, read once here as
-        # aiohttp reads them: its trust_env reads them and ~/.netrc in a thread on every request
-        # (+1.2 ms of CPU per call), and a netrc entry next to an Authorization header fails them.
-        self._proxy: URL | None = None
-        self._proxy_auth: aiohttp.BasicAuth | None = None
-        with contextlib.suppress(LookupError):
-            self._proxy, self._proxy_auth = get_env_proxy_for_url(self._url)
+        self._session = client_session(limit=HTTP_MAX_CONNECTIONS, connect_timeout_s=HTTP_CONNECT_TIMEOUT_S)
+        self._proxy, self._proxy_auth = env_proxy(self._url)
         own = {
             "accept": "application/json, text/event-stream",
             "content-type": "application/json",
