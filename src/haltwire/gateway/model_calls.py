@@ -107,16 +107,22 @@ class _Relay:
         self.started, self.status = True, status
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
-    async def event(self, event: bytes) -> None:
-        if self.path == "/v1/responses" and (m := _SEQUENCE.search(event)) is not None:
-            self.sequence = int(m.group(1))
-        if b'"usage"' in event:
-            tokens, usage_only = event_tokens(self.path, *event_data(event))
-            if tokens is not None:
-                self.tokens = tokens
-            if usage_only and self.strip_usage:
-                return
-        await self.send({"type": "http.response.body", "body": event, "more_body": True})
+    async def events(self, events: list[bytes]) -> None:
+        """Relay whole events, those of one read from the provider in one send (a write each
+        cost a system call each)."""
+        kept = []
+        for event in events:
+            if self.path == "/v1/responses" and (m := _SEQUENCE.search(event)) is not None:
+                self.sequence = int(m.group(1))
+            if b'"usage"' in event:
+                tokens, usage_only = event_tokens(self.path, *event_data(event))
+                if tokens is not None:
+                    self.tokens = tokens
+                if usage_only and self.strip_usage:
+                    continue
+            kept.append(event)
+        if kept:
+            await self.send({"type": "http.response.body", "body": b"".join(kept), "more_body": True})
 
     async def end(self, last: bytes = b"") -> None:
         self.ended = True
@@ -289,8 +295,7 @@ class ModelCalls:
                 if not chunk:
                     read = True
                     break
-                for event in splitter.feed(chunk):
-                    await relay.event(event)
+                await relay.events(splitter.feed(chunk))
             await relay.end(splitter.rest())
         finally:
             # Closing drops the connection: how the provider learns the call is over (it stops
