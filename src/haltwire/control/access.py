@@ -56,9 +56,10 @@ ROLES: Final[Mapping[str, frozenset[str]]] = {
     "intent.approve": frozenset({"operator"}),
     "intent.reject": frozenset({"operator"}),
     # Run reports: read-only; an agent reads its own runs' only. The gateway records the calls a
-    # stop found in flight, for the report.
+    # stop found in flight, and the model tokens a run used, for the report.
     "run.report": frozenset({"operator", "viewer", "agent"}),
     "run.calls.record": frozenset({"gateway"}),
+    "run.usage.record": frozenset({"gateway"}),
     # A gateway's tripwire in shadow mode records what it would have stopped.
     "tripwire.firing.record": frozenset({"tripwire"}),
     # Who a token is, and whether it reads every stop (an enforcement point asks at start-up).

@@ -5,7 +5,8 @@ records, and writes nothing: the run (the run store), its intents grouped by sta
 intent store), every stop whose scope covers the run, active or cleared (the registry), and
 the audit records about the run in seq order (the audit log), and the tool calls a stop found
 in flight at a gateway, with what the gateway did to each (``calls``: cut, or let finish and
-how they ended; ``haltwire.control.calls``). ``haltwire report RUN`` prints it
+how they ended; ``haltwire.control.calls``), and the model tokens and cost its gateways counted
+(``usage``; ``haltwire.control.usage``). ``haltwire report RUN`` prints it
 (``haltwire.control.operator``).
 
 A stop covers the run when it names one of the run's scopes (``run:``, ``agent:``,
@@ -24,6 +25,7 @@ from haltwire.control.calls import StoppedCall, stopped_calls
 from haltwire.control.config import Caller
 from haltwire.control.plane import Plane
 from haltwire.control.runs import run_for
+from haltwire.control.usage import RunUsage, run_usage
 from haltwire.intents import Intent, IntentState
 from haltwire.stops import StopRecord
 from haltwire.store.audit import AuditRecord, Outcome
@@ -75,6 +77,8 @@ class RunReport:
     stops: list[StopRecord]
     #: Tool calls in flight at a gateway when a stop came: cut (cancellable) or let finish.
     calls: list[StoppedCall]
+    #: Model tokens and their cost, as the gateways reported them (``haltwire.control.usage``).
+    usage: RunUsage
     timeline: list[TimelineEntry]
 
 
@@ -122,4 +126,5 @@ async def report(plane: Plane, caller: Caller, run_id: str) -> RunReport:
     # The store lists oldest first; a section spanning two states keeps that order.
     sections = {section: [i for i in intents if i.state in states] for section, states in SECTIONS.items()}
     calls = stopped_calls(records, run.run_id)
-    return RunReport(run=run, **sections, stops=stops, calls=calls, timeline=timeline)
+    usage = run_usage(records, run.run_id)
+    return RunReport(run=run, **sections, stops=stops, calls=calls, usage=usage, timeline=timeline)

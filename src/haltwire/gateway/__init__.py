@@ -167,7 +167,7 @@ def create_app(
     routes = ModelRoutes(config.models) if config.models else None
     models = None
     if routes is not None:
-        models = ModelCalls(gateway, routes, UsageCounts(store, config.limits.window_s, clock=clock))
+        models = ModelCalls(gateway, routes, UsageCounts(store, config.limits.window_s, clock=clock), reports)
 
     async def startup(stack: AsyncExitStack) -> None:
         if routes is not None:

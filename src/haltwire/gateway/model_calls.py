@@ -27,7 +27,8 @@ the gateway. A model call takes the tool call's pipeline, by the same code, in t
    ``deadline_exceeded``); the provider unreachable: ``upstream_unavailable`` (503);
    the provider's answer, body or stream, is relayed as it came (``models``, headers aside);
 6. finally: the slots released (shielded), the tokens and their cost counted
-   (``haltwire.gateway.usage``, ``[[models]] prices``).
+   (``haltwire.gateway.usage``, ``[[models]] prices``) and, for a run, queued for its report
+   (``haltwire.gateway.outcomes``).
 
 A client that disconnects cancels the call: the provider's request is closed too. Refusals are
 answered in OpenAI's error shape (``models.refusal_response``), terminal ones as 403 with
@@ -61,11 +62,12 @@ from haltwire.gateway.models import (
     refusal_response,
     returned_headers,
 )
-from haltwire.gateway.outcomes import Outcome
+from haltwire.gateway.outcomes import CallReports, Outcome
 from haltwire.gateway.proxy import RELEASE_TIMEOUT_S, Gateway
 from haltwire.gateway.usage import Tokens, Usage, UsageCounts, answer_tokens, event_tokens, wants_usage
 from haltwire.gateway.wire import BodyTooLarge, read_body
 from haltwire.identity import Identity
+from haltwire.limits import MAX_NAME_CHARS, has_control_characters
 from haltwire.meta import LEASE_HEADER
 from haltwire.refusal import Refusal
 from haltwire.store.counters import CountersUnavailable
@@ -140,10 +142,14 @@ class _Relay:
 class ModelCalls:
     """The model endpoints, behind the edge (see the module's docstring for the order)."""
 
-    def __init__(self, gateway: Gateway, routes: ModelRoutes, usage: UsageCounts) -> None:
+    def __init__(
+        self, gateway: Gateway, routes: ModelRoutes, usage: UsageCounts, reports: CallReports | None = None
+    ) -> None:
         self.gateway = gateway
         self.routes = routes
         self.usage = usage
+        #: With ``[control]``: a run's usage goes to its report too.
+        self.reports = reports
 
     async def serve(
         self,
@@ -210,6 +216,10 @@ class ModelCalls:
                     price = provider.route.price(model)
                     money = 0 if price is None else price.micros(tokens.input, tokens.output)
                     await self.usage.add(identity, run, Usage(tokens.input, tokens.output, money))
+                    if run is not None and self.reports is not None:
+                        # A name the control plane would refuse (the agent chose it) is reported as routed.
+                        fit = len(model) <= MAX_NAME_CHARS and not has_control_characters(model)
+                        self.reports.record_usage(run, model if fit else limited_as, tokens.input, tokens.output, money)
 
     async def _call(
         self,

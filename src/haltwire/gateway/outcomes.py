@@ -1,9 +1,12 @@
-"""Telling the control plane what a stop did to the calls it found in flight, for the run report.
+"""Telling the control plane what a stop did to the calls it found in flight, and what a run's
+model calls used, for the run report.
 
 When a stop reaches a call of a run in flight (``haltwire.gateway.inflight``), the gateway cuts
 it or lets it finish by the tool's label, then, once the call has ended, queues its outcome here.
 ``CallReports.run`` (a task owned by the gateway's start-up task group) sends what is queued as
-``POST /v1/runs/{run}/calls``, each request one transaction at the control plane.
+``POST /v1/runs/{run}/calls``, each request one transaction at the control plane. A run's model
+usage (``record_usage``) goes the same way as ``POST /v1/runs/{run}/usage``, summed per model
+over what was queued since the last request (one report id each, so a retry is recorded once).
 
 Best effort, and never on the call path: ``record`` only puts the outcome in a bounded queue
 (full: the outcome is logged and dropped, never waited for). A request that fails (control plane
@@ -16,6 +19,7 @@ is logged with its run, call and stop: the log is the record of last resort.
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any, Final
 from urllib.parse import quote
 
@@ -43,20 +47,37 @@ RETRY_MIN_S: Final = 0.5
 RETRY_MAX_S: Final = 10.0
 RETRY_FOR_S: Final = 300.0
 
-Item = tuple[str, dict[str, Any]]
+#: What is queued: ``calls`` or ``usage``, the run, and one call outcome or one usage item.
+Item = tuple[str, str, dict[str, Any]]
+Unsent = dict[tuple[str, str], list[dict[str, Any]]]
 
 
-def _brief(run: str, calls: list[dict[str, Any]]) -> str:
+def _brief(kind: str, run: str, items: list[dict[str, Any]]) -> str:
+    if kind == "usage":
+        return f"run {run}: " + ", ".join(
+            f"{u['model']} {u['calls']} call(s) {u['input_tokens']}+{u['output_tokens']} tokens" for u in items
+        )
     return f"run {run}: " + ", ".join(
-        f"{c['call_id']} {c['tool']} {c['outcome']} (stop {c['stop_id']})" for c in calls
+        f"{c['call_id']} {c['tool']} {c['outcome']} (stop {c['stop_id']})" for c in items
     )
+
+
+def _take(unsent: Unsent, kind: str, run: str, item: dict[str, Any]) -> None:
+    items = unsent.setdefault((kind, run), [])
+    if kind == "usage":  # summed per model: one audit record per model and request, not per call
+        same = next((u for u in items if u["model"] == item["model"]), None)
+        if same is not None:
+            for k in ("calls", "input_tokens", "output_tokens", "cost_micros"):
+                same[k] += item[k]
+            return
+    items.append(item)
 
 
 class CallReports:
     def __init__(self, link: ControlLink) -> None:
         self._http = ReplicaHttp(link.urls, link.resolve_token(), REQUEST_TIMEOUT_S)
         self._in, self._out = anyio.create_memory_object_stream[Item](MAX_QUEUED)
-        #: Outcomes the control plane acknowledged (recorded now or before), for tests and logs.
+        #: Items the control plane acknowledged (recorded now or before), for tests and logs.
         self.sent = 0
 
     async def aclose(self) -> None:
@@ -64,68 +85,81 @@ class CallReports:
 
     def record(self, run: str, call: dict[str, Any]) -> None:
         """Queue one call's outcome; never blocks (the caller is a call's own task)."""
+        self._queue("calls", run, call)
+
+    def record_usage(self, run: str, model: str, input_tokens: int, output_tokens: int, cost_micros: int) -> None:
+        """Queue what one model call of ``run`` used; never blocks."""
+        item = {
+            "report_id": uuid.uuid4().hex,
+            "model": model,
+            "calls": 1,
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "cost_micros": cost_micros,
+        }
+        self._queue("usage", run, item)
+
+    def _queue(self, kind: str, run: str, item: dict[str, Any]) -> None:
         try:
-            self._in.send_nowait((run, call))
+            self._in.send_nowait((kind, run, item))
         except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            log.error("call outcome not reported (the queue is full or closed): %s", _brief(run, [call]))
+            log.error("not reported (the queue is full or closed): %s", _brief(kind, run, [item]))
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Send what is queued until cancelled (the gateway's shutdown), in batches per run."""
         task_status.started()
-        unsent: dict[str, list[dict[str, Any]]] = {}  # taken from the queue, not yet acknowledged
+        unsent: Unsent = {}  # taken from the queue, not yet acknowledged
         try:
-            async for run, call in self._out:
-                unsent[run] = [call]
+            async for kind, run, item in self._out:
+                _take(unsent, kind, run, item)
                 while True:  # everything else already queued goes in the same requests
                     try:
-                        more_run, more = self._out.receive_nowait()
+                        _take(unsent, *self._out.receive_nowait())
                     except anyio.WouldBlock:
                         break
-                    unsent.setdefault(more_run, []).append(more)
                 while unsent:
-                    run_id, calls = next(iter(unsent.items()))
-                    await self._send(run_id, calls[:BATCH])
-                    if calls[BATCH:]:
-                        unsent[run_id] = calls[BATCH:]
+                    (kind, run_id), items = next(iter(unsent.items()))
+                    await self._send(kind, run_id, items[:BATCH])
+                    if items[BATCH:]:
+                        unsent[kind, run_id] = items[BATCH:]
                     else:
-                        del unsent[run_id]
+                        del unsent[kind, run_id]
         finally:
             while True:
                 try:
-                    run, call = self._out.receive_nowait()
+                    _take(unsent, *self._out.receive_nowait())
                 except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.EndOfStream):
                     break
-                unsent.setdefault(run, []).append(call)
-            for run, calls in unsent.items():
-                log.warning("call outcomes not reported (the gateway is stopping): %s", _brief(run, calls))
+            for (kind, run), items in unsent.items():
+                log.warning("not reported (the gateway is stopping): %s", _brief(kind, run, items))
 
-    async def _send(self, run: str, calls: list[dict[str, Any]]) -> None:
+    async def _send(self, kind: str, run: str, items: list[dict[str, Any]]) -> None:
         """One batch, retried while the control plane cannot answer (see the module's docstring)."""
-        path = f"/v1/runs/{quote(run, safe='')}/calls"
+        path = f"/v1/runs/{quote(run, safe='')}/{kind}"
         wait, waited = RETRY_MIN_S, 0.0
         while True:
             try:
                 with anyio.fail_after(REQUEST_TIMEOUT_S):
-                    response = await self._http.request("POST", path, json={"calls": calls})
+                    response = await self._http.request("POST", path, json={kind: items})
             except (TimeoutError, Unreachable) as exc:
                 problem = describe(exc)
             else:
                 if response.status_code == 200:
-                    self.sent += len(calls)
+                    self.sent += len(items)
                     return
                 if response.status_code < 500:
                     log.error(
-                        "the control plane refused call outcomes (HTTP %d: %s): %s",
+                        "the control plane refused a report (HTTP %d: %s): %s",
                         response.status_code,
                         response.text[:300],
-                        _brief(run, calls),
+                        _brief(kind, run, items),
                     )
                     return
                 problem = f"HTTP {response.status_code}"
             if waited >= RETRY_FOR_S:
-                log.error("call outcomes not reported (%s), given up: %s", problem, _brief(run, calls))
+                log.error("not reported (%s), given up: %s", problem, _brief(kind, run, items))
                 return
-            log.warning("reporting call outcomes failed (%s); again in %.1f s", problem, wait)
+            log.warning("reporting to the control plane failed (%s); again in %.1f s", problem, wait)
             await anyio.sleep(wait)
             waited += wait
             wait = min(wait * 2, RETRY_MAX_S)

@@ -10,7 +10,8 @@ Counted in the gateway's counter store (``Tally``, one round trip), input and ou
 apart, and their cost when ``[[models]] prices`` names one (in millionths of its unit), under
 three keys each: the run (for its whole life, as the run's step budget), the
 identity and its tenant (per fixed window of ``[limits] window_s``, as the call budget). These
-are what the token budgets of the tripwires will read; the counts are not yet in the run report.
+are what the token budgets of the tripwires will read. A run's counts also go to its report
+(``haltwire.gateway.outcomes``, ``haltwire.control.usage``).
 """
 
 from __future__ import annotations

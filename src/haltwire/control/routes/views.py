@@ -114,7 +114,7 @@ class FiringRecorded(TypedDict):
 
 
 class CallsRecorded(TypedDict):
-    """``POST /v1/runs/{id}/calls``: calls recorded now, and calls recorded before (a repeat)."""
+    """``POST /v1/runs/{id}/calls`` (and ``/usage``): items recorded now, and recorded before (a repeat)."""
 
     recorded: int
     repeated: int
@@ -173,5 +173,6 @@ def report_json(report: RunReport) -> dict[str, Any]:
         out[section] = [intent_json(i) for i in getattr(report, section)]
     out["stops"] = [stop_json(s) for s in report.stops]
     out["calls"] = [asdict(c) for c in report.calls]
+    out["usage"] = asdict(report.usage)
     out["timeline"] = [asdict(t) for t in report.timeline]
     return out
