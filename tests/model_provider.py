@@ -7,7 +7,8 @@ whether the client hung up before the answer was over). The model name picks the
 - any name: an answer at once (a stream of a few events), with ``usage``;
 - a name containing ``hang``: a stream that sends two events, then waits for the client to go;
 - a name containing ``slow``: each event 0.3 s after the last;
-- a name containing ``fail``: a 400 in OpenAI's error shape.
+- a name containing ``fail``: a 400 in OpenAI's error shape;
+- a name containing ``gzip``: a whole answer gzipped, whatever the request's ``Accept-Encoding``.
 
 Streams use ``\\n\\n`` between events, one event ``\\r\\n`` line endings and a comment, as
 providers do, so a relay that changes a byte shows.
@@ -15,6 +16,7 @@ providers do, so a relay that changes a byte shows.
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -148,7 +150,7 @@ class ScriptedProvider:
             return
         if not body.get("stream"):
             answer = chat_answer(model, n) if seen.path.endswith("/chat/completions") else response_answer(model, n)
-            await self._whole(send, seen, 200, json.dumps(answer).encode())
+            await self._whole(send, seen, 200, json.dumps(answer).encode(), gzipped="gzip" in model)
             return
         if seen.path.endswith("/chat/completions"):
             options = body.get("stream_options") or {}
@@ -177,9 +179,12 @@ class ScriptedProvider:
             seen.finished = True
             tg.cancel_scope.cancel()
 
-    async def _whole(self, send: Send, seen: Seen, status: int, body: bytes) -> None:
-        seen.sent.append(body)
+    async def _whole(self, send: Send, seen: Seen, status: int, body: bytes, gzipped: bool = False) -> None:
+        seen.sent.append(body)  # as it was before compression
         headers = [(b"content-type", b"application/json"), *ANSWER_HEADERS]
+        if gzipped:
+            body = gzip.compress(body)
+            headers.append((b"content-encoding", b"gzip"))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
         seen.finished = True

@@ -79,6 +79,15 @@ async def test_whole_answers_arrive_unchanged_and_the_provider_gets_its_key_not_
     assert PROVIDER_KEY not in caplog.text
 
 
+async def test_an_answer_compressed_anyway_is_relayed_decoded_and_counted(tmp_path: Path) -> None:
+    async with model_stack(tmp_path) as s:
+        raw = await s.client().chat.completions.with_raw_response.create(model="scripted-gzip", messages=MESSAGES)
+        seen = s.provider.on(CHAT)[-1]
+        assert seen.headers["accept-encoding"] == "identity"
+        assert raw.http_response.content == seen.sent[0] and "content-encoding" not in raw.headers
+        assert (await s.app.models.usage.read(OPS) if s.app.models else {})["identity"].input == 11
+
+
 async def test_a_providers_error_is_passed_on_as_it_came(tmp_path: Path) -> None:
     async with model_stack(tmp_path) as s:
         with pytest.raises(openai.BadRequestError) as caught:
