@@ -110,8 +110,8 @@ class _Relay:
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def events(self, events: list[bytes]) -> None:
-        """Relay whole events, those of one read from the provider in one send (a write each
-        cost a system call each)."""
+        """Relay whole events: those of one read from the provider in one send, as each send
+        is a write to the client's socket."""
         kept = []
         for event in events:
             if self.path == "/v1/responses" and (m := _SEQUENCE.search(event)) is not None:
