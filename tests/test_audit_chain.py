@@ -162,7 +162,7 @@ async def test_registry_rows_are_inside_the_chain(tmp_path: Path, store: dict[st
 
 
 async def test_a_malformed_record_is_reported_as_tampered_not_a_500(tmp_path: Path) -> None:
-    from test_leases_api import plane
+    from runs_harness import plane
 
     store = {"backend": "sqlite", "path": str(tmp_path / "control.db")}
     async with plane(store) as (client, _):

@@ -26,7 +26,7 @@ from haltwire.control.access import reads_every_stop
 from haltwire.control.routes.admin import EnforcementOnly
 from haltwire.serve import serving
 from harness import TOKENS, connect, running_gateway, running_upstream
-from test_gateway_stops import code_of, control_plane, gateway_config, issue, until
+from stops_harness import code_of, control_plane, gateway_config, issue, until
 
 pytestmark = pytest.mark.anyio
 
@@ -47,7 +47,7 @@ def test_which_roles_read_every_stop_follows_the_role_table() -> None:
 
 
 async def test_whoami_names_every_role_and_whether_it_is_sent_every_stop(tmp_path: Path) -> None:
-    from test_openapi import conforms
+    from openapi_harness import conforms
 
     async with control_plane(tmp_path / "control.db") as cp, httpx2.AsyncClient(base_url=cp) as http:
         for role in ROLES:
@@ -135,9 +135,9 @@ async def test_an_unreachable_control_plane_at_start_up_is_what_it_was(tmp_path:
 
 
 async def test_the_executor_with_an_agent_token_exits_2_with_one_sentence(tmp_path: Path) -> None:
-    from test_executor import control_plane as executor_plane
-    from test_executor import gateway_config as executor_config
-    from test_executor import shop
+    from executor_harness import control_plane as executor_plane
+    from executor_harness import gateway_config as executor_config
+    from executor_harness import shop
 
     async with executor_plane(tmp_path / "control.db") as cp, shop(tmp_path) as (_, up):
         config: dict[str, Any] = executor_config(up, cp)

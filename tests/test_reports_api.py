@@ -19,8 +19,8 @@ import httpx2
 import pytest
 
 from control_harness import ROLES, TOKEN, cli
-from test_intents_api import auth, claim, get, plane, propose, settle, sqlite
-from test_openapi import conforms
+from intents_harness import auth, claim, get, plane, propose, settle, sqlite
+from openapi_harness import conforms
 
 pytestmark = pytest.mark.anyio
 
@@ -352,7 +352,7 @@ async def test_an_empty_run_reports_empty_sections_and_its_registration(
 
 
 async def test_a_call_the_stop_refused_is_in_the_runs_timeline(tmp_path: Path) -> None:
-    from test_intents_api import body
+    from intents_harness import body
 
     async with plane(sqlite(tmp_path)) as (client, _):
         await register(client, "r-1")
