@@ -23,6 +23,7 @@ import pytest
 import tomli_w
 from mcp import Client
 
+from cli_process import run_haltwire
 from haltwire.config import ConfigError
 from haltwire.gateway import GatewayApp
 from haltwire.gateway.config import parse_config
@@ -55,7 +56,7 @@ def backtest(config_path: Path, *logs: Path, expect_same: bool = True) -> subpro
         argv += ["--log", str(log)]
     if expect_same:
         argv.append("--expect-same")
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    return run_haltwire(*argv[1:], timeout=60)
 
 
 @asynccontextmanager

@@ -8,7 +8,6 @@ the gateway and the executor ask before they serve and refuse to, exit 2 and one
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import httpx2
 import pytest
 import tomli_w
 
+from cli_process import run_haltwire_async
 from control_harness import ROLES, TOKEN, auth
 from control_harness import config_dict as control_dict
 from haltwire.control import create_app, parse_control_config
@@ -96,10 +96,8 @@ async def test_the_gateway_command_exits_2_with_one_sentence(tmp_path: Path) -> 
         config["upstreams"][0]["connect_timeout_s"] = 1
         path = tmp_path / "gateway.toml"
         path.write_text(tomli_w.dumps(config))
-        argv = [sys.executable, "-m", "haltwire", "gateway", "--config", str(path), "--port", "0"]
-        with anyio.fail_after(60):
-            done = await anyio.run_process(argv, check=False)
-    err = done.stderr.decode()
+        done = await run_haltwire_async("gateway", "--config", str(path), "--port", "0")
+    err = done.stderr
     assert done.returncode == 2, err
     assert err.strip().splitlines() == [f"haltwire gateway: {agent_sentence(cp, 'a gateway', 'gateway')}"]
 
@@ -144,10 +142,8 @@ async def test_the_executor_with_an_agent_token_exits_2_with_one_sentence(tmp_pa
         config["executor"]["token"] = TOKEN["agent"]
         path = tmp_path / "gateway.toml"
         path.write_text(tomli_w.dumps(config))
-        argv = [sys.executable, "-m", "haltwire", "executor", "--config", str(path)]
-        with anyio.fail_after(60):
-            done = await anyio.run_process(argv, check=False)
-    err = done.stderr.decode()
+        done = await run_haltwire_async("executor", "--config", str(path))
+    err = done.stderr
     assert done.returncode == 2, err
     assert err.strip().splitlines()[-1] == (
         f"haltwire executor: {agent_sentence(cp, 'an executor', 'executor')}"

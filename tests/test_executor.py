@@ -17,6 +17,7 @@ import httpx2
 import pytest
 import tomli_w
 
+from cli_process import run_haltwire
 from control_harness import TOKEN, auth
 from executor_harness import (
     ORDER_IDS,
@@ -309,12 +310,7 @@ async def test_stops_raced_against_commits_cancel_every_pending_intent_and_commi
 
 def run_cli(config: Path, text: str) -> subprocess.CompletedProcess[str]:
     config.write_text(text)
-    return subprocess.run(
-        [sys.executable, "-m", "haltwire", "executor", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_haltwire("executor", "--config", str(config), timeout=60)
 
 
 def test_the_cli_names_a_bad_config_or_an_upstream_that_does_not_start_and_exits_2(tmp_path: Path) -> None:
