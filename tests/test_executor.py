@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import random
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import httpx2
 import pytest
 import tomli_w
 
-from cli_process import run_haltwire
+from cli_process import run_haltwire, run_haltwire_async
 from control_harness import TOKEN, auth
 from executor_harness import (
     ORDER_IDS,
@@ -396,11 +395,8 @@ async def test_a_control_plane_that_refuses_the_executor_for_good_is_exit_2_and_
             config["executor"]["token"] = token
             path = tmp_path / "gateway.toml"
             path.write_text(tomli_w.dumps(config))
-            with anyio.fail_after(60):
-                done = await anyio.run_process(
-                    [sys.executable, "-m", "haltwire", "executor", "--config", str(path)], check=False
-                )
-            err = done.stderr.decode()
+            done = await run_haltwire_async("executor", "--config", str(path))
+            err = done.stderr
             assert done.returncode == 2, err
             last = err.strip().splitlines()[-1]
             assert last.startswith("haltwire executor: the control plane refused the executor"), err
