@@ -76,8 +76,8 @@ async def settle(
     return await client.post(f"/v1/intents/{intent_id}/{action}", json=payload or None, headers=auth(who))
 
 
-async def issue(client: httpx2.AsyncClient, scope: str) -> dict[str, Any]:
-    r = await client.post("/v1/stops", json={"scope": scope, "reason": "runaway"}, headers=auth("operator"))
+async def issue(client: httpx2.AsyncClient, scope: str, reason: str = "runaway") -> dict[str, Any]:
+    r = await client.post("/v1/stops", json={"scope": scope, "reason": reason}, headers=auth("operator"))
     assert r.status_code == 201, r.text
     out: dict[str, Any] = r.json()
     return out

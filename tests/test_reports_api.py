@@ -19,7 +19,7 @@ import httpx2
 import pytest
 
 from control_harness import ROLES, TOKEN, cli
-from intents_harness import auth, claim, get, plane, propose, settle, sqlite
+from intents_harness import auth, claim, get, issue, plane, propose, settle, sqlite
 from openapi_harness import conforms
 
 pytestmark = pytest.mark.anyio
@@ -30,13 +30,6 @@ SECTIONS = ("completed", "unknown", "failed", "cancelled", "awaiting_approval", 
 async def register(client: httpx2.AsyncClient, run_id: str) -> None:
     r = await client.post("/v1/runs", json={"run_id": run_id}, headers=auth("agent"))
     assert r.status_code == 201, r.text
-
-
-async def issue(client: httpx2.AsyncClient, scope: str, reason: str) -> dict[str, Any]:
-    r = await client.post("/v1/stops", json={"scope": scope, "reason": reason}, headers=auth("operator"))
-    assert r.status_code == 201, r.text
-    out: dict[str, Any] = r.json()
-    return out
 
 
 async def report(client: httpx2.AsyncClient, run_id: str, who: str = "operator") -> dict[str, Any]:
