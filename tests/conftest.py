@@ -9,6 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from gateway_processes import Processes
 from harness import postgres_section
 
 
@@ -25,3 +26,13 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, 
         return
     with postgres_section() as section:
         yield section
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Processes]:
+    """The test's subprocesses (``gateway_processes``), every one killed at its end."""
+    p = Processes(tmp_path)
+    try:
+        yield p
+    finally:
+        p.stop_all()

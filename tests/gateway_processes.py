@@ -187,10 +187,14 @@ def write_config(
     path.write_text("\n".join(lines) + "\n")
 
 
-def spawn_gateways(procs: Processes, tag: str, n: int, **config: Any) -> list[Gateway]:
+def spawn_gateways(
+    procs: Processes, tag: str, n: int, *, ports: list[int] | None = None, **config: Any
+) -> list[Gateway]:
+    """``n`` gateway processes from ``write_config(**config)``, on ``ports`` or free ones."""
     gateways = []
     for i in range(n):
-        gw = Gateway(f"gateway-{tag}-{i}", free_port(), procs.logs / f"gateway-{tag}-{i}.toml")
+        port = free_port() if ports is None else ports[i]
+        gw = Gateway(f"gateway-{tag}-{i}", port, procs.logs / f"gateway-{tag}-{i}.toml")
         write_config(gw.config, port=gw.port, **config)
         procs.spawn(gw.name, [*HALTWIRE, "gateway", "--config", str(gw.config)])
         gateways.append(gw)

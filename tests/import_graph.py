@@ -4,6 +4,9 @@ Every ``import`` and ``from ... import`` counts, inside functions and ``TYPE_CHE
 too: an import that only runs late is still a dependency. ``from haltwire.control import stops``
 is an edge to the module ``haltwire.control.stops``; ``from haltwire.control import create_app``
 is an edge to the package ``haltwire.control``.
+
+``imports_of_test_files`` reads ``tests/`` the same way, for the rule that no module there
+imports a test file.
 """
 
 from __future__ import annotations
@@ -92,4 +95,23 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     for v in sorted(edges):
         if v not in index:
             visit(v)
+    return found
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def imports_of_test_files(tests: Path = TESTS) -> list[tuple[str, int, str]]:
+    """(file, line, imported test module) for each module in ``tests`` that imports a ``test_*``
+    module: shared helpers belong in helper modules, not in test files."""
+    found = []
+    for path in sorted(tests.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            else:
+                continue
+            found += [(path.name, node.lineno, n) for n in names if n.split(".")[0].startswith("test_")]
     return found

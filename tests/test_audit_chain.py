@@ -11,8 +11,6 @@ import json
 import os
 import sqlite3
 import stat
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from cli_process import run_haltwire
 from control_harness import Events, auth, cli, control, issue, raw_sql
 from haltwire.config import ConfigError
 from haltwire.control import parse_control_config
@@ -162,7 +161,7 @@ async def test_registry_rows_are_inside_the_chain(tmp_path: Path, store: dict[st
 
 
 async def test_a_malformed_record_is_reported_as_tampered_not_a_500(tmp_path: Path) -> None:
-    from test_leases_api import plane
+    from runs_harness import plane
 
     store = {"backend": "sqlite", "path": str(tmp_path / "control.db")}
     async with plane(store) as (client, _):
@@ -276,10 +275,7 @@ def test_the_control_plane_will_not_start_without_its_audit_key(tmp_path: Path) 
     config = tmp_path / "control.toml"
     config.write_text('[control]\nport = 0\n\n[audit]\nkey_env = "HW_UNSET_AUDIT_KEY"\n')
     env = {k: v for k, v in os.environ.items() if k != "HW_UNSET_AUDIT_KEY"}
-    done = subprocess.run(
-        [sys.executable, "-m", "haltwire", "control", "--config", str(config)],
-        capture_output=True, text=True, timeout=60, env=env,
-    )  # fmt: skip
+    done = run_haltwire("control", "--config", str(config), env=env, timeout=60)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == (
         "haltwire control: audit.key_env: the environment variable HW_UNSET_AUDIT_KEY is not set"

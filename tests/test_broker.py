@@ -11,131 +11,40 @@ tampered, forged, expired and wrong-audience credentials.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import anyio
 import httpx2
 import jwt
 import pytest
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from broker_harness import (
+    PROPAGATION_S,
+    broker,
+    code_of,
+    credential,
+    downstream,
+    gateway_stack,
+    issued,
+    mcp_client,
+    order,
+    plane,
+    refusal_of,
+    until_status,
+)
 from control_harness import TOKEN, cli
 from haltwire.config import ConfigError
-from haltwire.control import create_app, parse_control_config
+from haltwire.control import parse_control_config
 from haltwire.control.broker import BrokerKeys
 from haltwire.control.config import BrokerSection
-from haltwire.control.stores import open_stores
-from haltwire.credentials import CredentialRefused, CredentialVerifier
-from haltwire.serve import serving
-from test_leases_api import auth, clear, config_dict, issue, register
+from haltwire.credentials import CredentialRefused
+from runs_harness import auth, clear, config_dict, issue, register
 
 pytestmark = pytest.mark.anyio
-
-ROOT = Path(__file__).resolve().parent.parent
-#: A generous bound for a stop to reach the downstream service (it is milliseconds here).
-PROPAGATION_S = 2.0
-
-
-def downstream_module() -> ModuleType:
-    """``examples/downstream/app.py``, which is not a package."""
-    spec = importlib.util.spec_from_file_location("downstream_app", ROOT / "examples/downstream/app.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-DOWNSTREAM = downstream_module()
-
-
-def key_file(tmp_path: Path, kid: str) -> Path:
-    """An Ed25519 private key in PEM, written once per test directory and kid."""
-    path = tmp_path / f"{kid}.pem"
-    if not path.exists():
-        pem = Ed25519PrivateKey.generate().private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-        path.write_bytes(pem)
-    return path
-
-
-def broker(tmp_path: Path, kids: tuple[str, ...] = ("k1",), signing: str = "k1") -> dict[str, Any]:
-    return {
-        "ttl_s": 600,
-        "audiences": ["orders", "billing"],
-        "signing_key": signing,
-        "keys": [{"kid": kid, "private_key_file": str(key_file(tmp_path, kid))} for kid in kids],
-    }
-
-
-@asynccontextmanager
-async def plane(
-    registry: dict[str, Any], section: dict[str, Any] | None, port: int = 0, graceful_s: int | None = None
-) -> AsyncIterator[httpx2.AsyncClient]:
-    data = config_dict(registry)
-    data["control"]["heartbeat_s"] = 1.0
-    if section is not None:
-        data["broker"] = section
-    config = parse_control_config(data)
-    async with open_stores(config) as stores:
-        async with serving(create_app(config, stores), port=port, graceful_s=graceful_s) as url:
-            async with httpx2.AsyncClient(base_url=url, timeout=10) as client:
-                yield client
-
-
-@asynccontextmanager
-async def downstream(
-    control: httpx2.AsyncClient, audience: str = "orders", **options: Any
-) -> AsyncIterator[tuple[httpx2.AsyncClient, CredentialVerifier]]:
-    """The example downstream service, verifying with a viewer's watch of ``control``."""
-    url = str(control.base_url).rstrip("/")
-    verifier = CredentialVerifier.connect(url, TOKEN["viewer"], audience, **options)
-    async with serving(DOWNSTREAM.create_app(verifier)) as base:
-        async with httpx2.AsyncClient(base_url=base, timeout=10) as client:
-            yield client, verifier
-
-
-async def credential(
-    client: httpx2.AsyncClient, run_id: str, who: str = "agent", audience: str = "orders"
-) -> httpx2.Response:
-    return await client.post(f"/v1/runs/{run_id}/credentials", json={"audience": audience}, headers=auth(who))
-
-
-async def issued(
-    client: httpx2.AsyncClient, run_id: str, who: str = "agent", audience: str = "orders"
-) -> str:
-    r = await credential(client, run_id, who, audience)
-    assert r.status_code == 201, r.text
-    token: str = r.json()["token"]
-    return token
-
-
-async def order(service: httpx2.AsyncClient, token: str | None) -> httpx2.Response:
-    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
-    return await service.get("/orders/1001", headers=headers)
-
-
-def code_of(r: httpx2.Response) -> str:
-    code: str = r.json()["error"]["code"]
-    return code
-
-
-async def until_status(service: httpx2.AsyncClient, token: str, status: int, within: float) -> float:
-    """Poll the service until ``token`` gets ``status``; the seconds it took."""
-    start = time.monotonic()
-    with anyio.fail_after(within):
-        while (await order(service, token)).status_code != status:
-            await anyio.sleep(0.02)
-    return time.monotonic() - start
-
 
 # -- issue, refusals, JWKS ----------------------------------------------------------------------
 
@@ -495,7 +404,7 @@ async def test_the_verifier_refuses_tampered_forged_expired_and_misaddressed_cre
 
 
 async def test_broker_responses_match_the_openapi_document(tmp_path: Path) -> None:
-    from test_openapi import conforms
+    from openapi_harness import conforms
 
     issue_path, jwks_path = "/v1/runs/{run_id}/credentials", "/.well-known/jwks.json"
     async with plane({"backend": "sqlite", "path": str(tmp_path / "c.db")}, broker(tmp_path)) as client:
@@ -528,59 +437,11 @@ async def test_broker_responses_match_the_openapi_document(tmp_path: Path) -> No
 # -- the gateway accepts broker credentials as bearer tokens -----------------------------------
 
 
-@asynccontextmanager
-async def gateway_stack(tmp_path: Path) -> AsyncIterator[tuple[httpx2.AsyncClient, str, Any]]:
-    """A control plane (the agent identity is the harness's ops-bot), the demo upstream, and a
-    gateway taking broker credentials for audience haltwire-gateway: (control client, gateway
-    URL, the demo upstream)."""
-    from control_harness import config_dict as control_config
-    from harness import running_gateway, running_upstream
-    from test_gateway_stops import HEARTBEAT_S, gateway_config
-
-    data = control_config({"backend": "sqlite", "path": str(tmp_path / "c.db")}, HEARTBEAT_S)
-    for identity in data["identities"]:
-        if identity["role"] == "agent":
-            identity.update(agent="ops-bot", tenant="acme", version="1.0")
-    data["identities"].append(
-        {"name": "stranger", "role": "agent", "token": "tok-stranger", "agent": "nobody"}
-    )
-    data["leases"] = {"signing_key": "k1", "keys": [{"kid": "k1", "secret": "k1-secret-" + "x" * 32}]}
-    data["broker"] = {**broker(tmp_path), "audiences": ["haltwire-gateway", "orders"]}
-    async with serving(create_app(parse_control_config(data)), graceful_s=1) as cp:
-        async with running_upstream() as (demo, up):
-            config = {**gateway_config(up, cp), "broker": {"jwks_url": cp + "/.well-known/jwks.json"}}
-            async with (
-                running_gateway(config) as (_, url),
-                httpx2.AsyncClient(base_url=cp, timeout=10) as client,
-            ):
-                yield client, url, demo
-
-
-@asynccontextmanager
-async def mcp_client(url: str, bearer: str, path: str) -> AsyncIterator[Any]:
-    from mcp import Client
-    from mcp.client.streamable_http import streamable_http_client
-
-    from test_gateway_leases import PATHS
-
-    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {bearer}"}, timeout=30)
-    async with http, Client(streamable_http_client(url, http_client=http), cache=None, mode=PATHS[path]) as c:
-        yield c
-
-
-async def refusal_of(c: Any) -> dict[str, Any] | None:
-    result = await c.call_tool("lookup_order", {"order_id": "A-1"})
-    if not result.is_error:
-        return None
-    error: dict[str, Any] = (result.structured_content or {})["error"]
-    return error
-
-
 @pytest.mark.parametrize("path", ["fast", "sdk"])
 async def test_the_gateway_serves_a_broker_credential_as_its_identity_in_its_run(
     tmp_path: Path, path: str
 ) -> None:
-    from test_gateway_stops import until
+    from stops_harness import until
 
     async with gateway_stack(tmp_path) as (client, url, demo):
         await register(client, run_id="r-1")

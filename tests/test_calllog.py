@@ -13,23 +13,27 @@ import os
 import stat
 import subprocess
 import sys
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 import tomli_w
+from mcp import Client
 
+from cli_process import run_haltwire
 from haltwire.config import ConfigError
+from haltwire.gateway import GatewayApp
 from haltwire.gateway.config import parse_config
 from haltwire.identity import Identity
 from haltwire.tripwires.backtest import replay, report
 from haltwire.tripwires.calllog import CallLog, CallLogSection
 from haltwire.tripwires.rules import digest
 from harness import TOKENS, connect, running_gateway, running_upstream
-from test_gateway_stops import control_plane
-from test_tripwires_gateway import KINDS, config, outcome
+from stops_harness import control_plane
+from tripwires_harness import KINDS, config, outcome
 
 HALTWIRE = str(Path(sys.executable).parent / "haltwire")
 
@@ -52,20 +56,30 @@ def backtest(config_path: Path, *logs: Path, expect_same: bool = True) -> subpro
         argv += ["--log", str(log)]
     if expect_same:
         argv.append("--expect-same")
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    return run_haltwire(*argv[1:], timeout=60)
+
+
+@asynccontextmanager
+async def logged_stack(
+    tmp_path: Path, rules: list[dict[str, Any]], log_path: Path
+) -> AsyncIterator[tuple[dict[str, Any], GatewayApp, Client]]:
+    """A control plane, the demo upstream and a gateway with ``rules`` logging its calls to
+    ``log_path``: (the gateway's config, its app, ops-bot's MCP client)."""
+    async with AsyncExitStack() as s:
+        cp = await s.enter_async_context(control_plane(tmp_path / "control.db"))
+        _, up = await s.enter_async_context(running_upstream())
+        data = config(up, cp, rules)
+        data["call_log"] = {"path": str(log_path), "flush_s": 0.05}
+        app, url = await s.enter_async_context(running_gateway(data))
+        client = await s.enter_async_context(connect(url, TOKENS["ops-bot"]))
+        yield data, app, client
 
 
 @pytest.mark.anyio
 async def test_the_refund_incident_replayed_fires_at_the_same_call(tmp_path: Path) -> None:
     log_path = tmp_path / "calls.jsonl"
     seen: list[tuple[str, str | None]] = []  # (run, the agent's outcome), in order
-    async with AsyncExitStack() as s:
-        cp = await s.enter_async_context(control_plane(tmp_path / "control.db"))
-        _, up = await s.enter_async_context(running_upstream())
-        data = config(up, cp, RULES)
-        data["call_log"] = {"path": str(log_path), "flush_s": 0.05}
-        app, url = await s.enter_async_context(running_gateway(data))
-        client = await s.enter_async_context(connect(url, TOKENS["ops-bot"]))
+    async with logged_stack(tmp_path, RULES, log_path) as (data, app, client):
         for i in range(9):  # the incident: one run refunding on and on, another beside it
             seen.append(("incident", await outcome(client, "incident", order_id=f"A-{i}", amount_cents=400)))
             if i % 3 == 0:
@@ -194,13 +208,7 @@ async def test_each_kind_replays_to_the_firings_it_had(tmp_path: Path, kind: str
     rule, tool, arguments = KIND_RULES[kind]
     rules = [{"name": "r", **rule}]
     log_path = tmp_path / "calls.jsonl"
-    async with AsyncExitStack() as s:
-        cp = await s.enter_async_context(control_plane(tmp_path / "control.db"))
-        _, up = await s.enter_async_context(running_upstream())
-        data = config(up, cp, rules)
-        data["call_log"] = {"path": str(log_path), "flush_s": 0.05}
-        _, url = await s.enter_async_context(running_gateway(data))
-        client = await s.enter_async_context(connect(url, TOKENS["ops-bot"]))
+    async with logged_stack(tmp_path, rules, log_path) as (data, _, client):
         for i in range(6):
             await outcome(client, "run-a", tool, **arguments)
             await outcome(client, "run-b", "lookup_order", order_id=f"B-{i}", amount_cents=1)
@@ -222,13 +230,7 @@ async def test_concurrent_calls_replay_in_the_order_the_gateway_took_them(tmp_pa
         {"name": "same", "kind": "repeated_results", "in_a_row": 3, "mode": "shadow"},
     ]
     log_path = tmp_path / "calls.jsonl"
-    async with AsyncExitStack() as s:
-        cp = await s.enter_async_context(control_plane(tmp_path / "control.db"))
-        _, up = await s.enter_async_context(running_upstream())
-        data = config(up, cp, rules)
-        data["call_log"] = {"path": str(log_path), "flush_s": 0.05}
-        _, url = await s.enter_async_context(running_gateway(data))
-        client = await s.enter_async_context(connect(url, TOKENS["ops-bot"]))
+    async with logged_stack(tmp_path, rules, log_path) as (data, _, client):
 
         async def call(seconds: float) -> None:
             await outcome(client, "overlap", "sleep", seconds=seconds)

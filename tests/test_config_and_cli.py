@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_process import run_haltwire
 from haltwire.config import ConfigError
 from haltwire.gateway.config import load_config, parse_config
 from haltwire.identity import token_sha256
@@ -31,13 +31,7 @@ url = "http://127.0.0.1:9/mcp"
 
 
 def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "haltwire", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return run_haltwire(*args, timeout=timeout)
 
 
 def test_a_good_config_loads(tmp_path: Path) -> None:

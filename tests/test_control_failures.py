@@ -36,8 +36,8 @@ from haltwire.store.registry.postgres import DEFAULT_URL
 from haltwire.store.registry.sqlite import SqliteRegistry
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream, service_missing
 from redis_process import free_port
+from stops_harness import STALENESS_S, code_of, control_plane, gateway_config, issue, until
 from tcp_proxy import TcpProxy
-from test_gateway_stops import STALENESS_S, code_of, control_plane, gateway_config, issue, until
 
 pytestmark = pytest.mark.anyio
 

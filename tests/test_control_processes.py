@@ -9,11 +9,8 @@ only a push (and between the two processes, their wake-up path) can deliver a ch
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -23,101 +20,16 @@ import anyio
 import anyio.abc
 import httpx2
 import pytest
-import tomli_w
 
 from control_harness import TOKEN, Events, auth
-from control_harness import config_dict as control_config
+from control_process import HEARTBEAT_S, LISTENERS, alive, control_command
 from harness import TOKENS, config_dict, connect, postgres_section, running_gateway, running_upstream
-from redis_process import free_port
-from test_gateway_stops import code_of
+from stops_harness import code_of
 
 pytestmark = pytest.mark.anyio
 
-HEARTBEAT_S = 30.0
 #: Generous for a busy machine, and far below the heartbeat: only a push arrives this soon.
 BOUND_S = 3.0
-LISTENERS = ("agents", "admin", "enforcement")
-
-
-class ControlCommand:
-    """``python -m haltwire control`` on three known ports, started and signalled by the test."""
-
-    def __init__(self, directory: Path, registry: dict[str, Any]) -> None:
-        self.ports = {name: free_port() for name in LISTENERS}
-        data = control_config(registry, HEARTBEAT_S)
-        data["control"] |= {
-            "port": self.ports["agents"],
-            "admin_port": self.ports["admin"],
-            "enforcement_port": self.ports["enforcement"],
-        }
-        data["broker"] = {"ttl_s": 300, "audiences": ["orders"], "generate": True}
-        self.config = directory / "control.toml"
-        self.config.write_text(tomli_w.dumps(data))
-        self.log = directory / "control.log"
-        self.proc: anyio.abc.Process | None = None
-
-    def url(self, listener: str) -> str:
-        return f"http://127.0.0.1:{self.ports[listener]}"
-
-    async def start(self) -> None:
-        with self.log.open("ab") as log:
-            self.proc = await anyio.open_process(
-                [sys.executable, "-m", "haltwire", "control", "--config", str(self.config)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-            )
-        for listener in LISTENERS:
-            await self.answers(listener, within=30)
-
-    async def answers(self, listener: str, within: float) -> None:
-        async with httpx2.AsyncClient(timeout=2) as http:
-            with anyio.fail_after(within):
-                while True:
-                    assert self.proc is not None and self.proc.returncode is None, self.log.read_text()
-                    try:
-                        if (await http.get(f"{self.url(listener)}/healthz")).status_code == 200:
-                            return
-                    except httpx2.TransportError:
-                        pass
-                    await anyio.sleep(0.05)
-
-    def children(self) -> list[int]:
-        """The agents' processes the command said it started, oldest first."""
-        return [int(pid) for pid in re.findall(r"served by process (\d+)", self.log.read_text())]
-
-    async def stop(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.kill()
-            with anyio.CancelScope(shield=True):
-                await self.proc.wait()
-
-
-@asynccontextmanager
-async def control_command(directory: Path, registry: dict[str, Any]) -> AsyncIterator[ControlCommand]:
-    command = ControlCommand(directory, registry)
-    try:
-        await command.start()
-        yield command
-    finally:
-        await command.stop()
-        for pid in command.children():  # the lifeline ends them; a failed test must not leak one
-            with anyio.move_on_after(5):
-                while alive(pid):
-                    await anyio.sleep(0.05)
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie does not: its parent, the command, is what reaps it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 @contextmanager
 def registry(backend: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
     if backend == "sqlite":

@@ -15,12 +15,12 @@ import anyio.abc
 import httpx2
 import pytest
 
+from broker_harness import PROPAGATION_S, gateway_stack, issued, mcp_client, refusal_of
 from haltwire.control import create_app, parse_control_config
 from haltwire.serve import serving
 from harness import TOKENS
-from test_broker import PROPAGATION_S, gateway_stack, issued, mcp_client, refusal_of
-from test_gateway_stops import until
-from test_leases_api import clear, issue, register
+from runs_harness import clear, issue, register
+from stops_harness import until
 
 pytestmark = pytest.mark.anyio
 
@@ -179,17 +179,11 @@ async def test_a_tool_stop_leaves_a_credentials_other_requests_alone(tmp_path: A
 
 async def test_a_credential_is_refused_while_the_gateway_cannot_hear_stops(tmp_path: Any) -> None:
     """Fail closed: with the watch stale, a stop on the credential's run could not be known."""
-    from control_harness import config_dict as control_config
+    from broker_harness import gateway_stack_plane
     from harness import running_gateway, running_upstream
-    from test_broker import broker
-    from test_gateway_stops import HEARTBEAT_S, STALENESS_S, gateway_config
+    from stops_harness import STALENESS_S, gateway_config
 
-    data = control_config({"backend": "sqlite", "path": str(tmp_path / "c.db")}, HEARTBEAT_S)
-    for identity in data["identities"]:
-        if identity["role"] == "agent":
-            identity.update(agent="ops-bot", tenant="acme", version="1.0")
-    data["leases"] = {"signing_key": "k1", "keys": [{"kid": "k1", "secret": "k1-secret-" + "x" * 32}]}
-    data["broker"] = {**broker(tmp_path), "audiences": ["haltwire-gateway"]}
+    data = gateway_stack_plane(tmp_path, ["haltwire-gateway"])
     gone = anyio.Event()
 
     async def plane(*, task_status: anyio.abc.TaskStatus[str]) -> None:

@@ -8,7 +8,6 @@ the gateway and the executor ask before they serve and refuse to, exit 2 and one
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import httpx2
 import pytest
 import tomli_w
 
+from cli_process import run_haltwire_async
 from control_harness import ROLES, TOKEN, auth
 from control_harness import config_dict as control_dict
 from haltwire.control import create_app, parse_control_config
@@ -26,7 +26,7 @@ from haltwire.control.access import reads_every_stop
 from haltwire.control.routes.admin import EnforcementOnly
 from haltwire.serve import serving
 from harness import TOKENS, connect, running_gateway, running_upstream
-from test_gateway_stops import code_of, control_plane, gateway_config, issue, until
+from stops_harness import code_of, control_plane, gateway_config, issue, until
 
 pytestmark = pytest.mark.anyio
 
@@ -47,7 +47,7 @@ def test_which_roles_read_every_stop_follows_the_role_table() -> None:
 
 
 async def test_whoami_names_every_role_and_whether_it_is_sent_every_stop(tmp_path: Path) -> None:
-    from test_openapi import conforms
+    from openapi_harness import conforms
 
     async with control_plane(tmp_path / "control.db") as cp, httpx2.AsyncClient(base_url=cp) as http:
         for role in ROLES:
@@ -96,10 +96,8 @@ async def test_the_gateway_command_exits_2_with_one_sentence(tmp_path: Path) -> 
         config["upstreams"][0]["connect_timeout_s"] = 1
         path = tmp_path / "gateway.toml"
         path.write_text(tomli_w.dumps(config))
-        argv = [sys.executable, "-m", "haltwire", "gateway", "--config", str(path), "--port", "0"]
-        with anyio.fail_after(60):
-            done = await anyio.run_process(argv, check=False)
-    err = done.stderr.decode()
+        done = await run_haltwire_async("gateway", "--config", str(path), "--port", "0")
+    err = done.stderr
     assert done.returncode == 2, err
     assert err.strip().splitlines() == [f"haltwire gateway: {agent_sentence(cp, 'a gateway', 'gateway')}"]
 
@@ -135,19 +133,17 @@ async def test_an_unreachable_control_plane_at_start_up_is_what_it_was(tmp_path:
 
 
 async def test_the_executor_with_an_agent_token_exits_2_with_one_sentence(tmp_path: Path) -> None:
-    from test_executor import control_plane as executor_plane
-    from test_executor import gateway_config as executor_config
-    from test_executor import shop
+    from executor_harness import control_plane as executor_plane
+    from executor_harness import gateway_config as executor_config
+    from executor_harness import shop
 
     async with executor_plane(tmp_path / "control.db") as cp, shop(tmp_path) as (_, up):
         config: dict[str, Any] = executor_config(up, cp)
         config["executor"]["token"] = TOKEN["agent"]
         path = tmp_path / "gateway.toml"
         path.write_text(tomli_w.dumps(config))
-        argv = [sys.executable, "-m", "haltwire", "executor", "--config", str(path)]
-        with anyio.fail_after(60):
-            done = await anyio.run_process(argv, check=False)
-    err = done.stderr.decode()
+        done = await run_haltwire_async("executor", "--config", str(path))
+    err = done.stderr
     assert done.returncode == 2, err
     assert err.strip().splitlines()[-1] == (
         f"haltwire executor: {agent_sentence(cp, 'an executor', 'executor')}"

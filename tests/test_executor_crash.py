@@ -28,14 +28,14 @@ import httpx2
 import pytest
 
 from control_harness import auth
+from executor_harness import control_plane, gateway_config, intents, propose, shop
 from executor_process import ExecutorProcesses
 from haltwire.control import create_app, parse_control_config
 from haltwire.demo.shop import MAX_REFUND_CENTS, ORDERS, Shop
 from haltwire.serve import serving
 from redis_process import free_port
-from test_executor import control_plane, gateway_config, intents, propose, shop
-from test_gateway_stops import issue, until
-from test_leases_api import config_dict as control_config
+from runs_harness import config_dict as control_config
+from stops_harness import issue, until
 
 pytestmark = pytest.mark.anyio
 

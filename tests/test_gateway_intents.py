@@ -22,26 +22,13 @@ from haltwire.gateway.intents import INTENT_TOOL
 from haltwire.meta import KEY_META, LABEL_META, LEASE_META
 from haltwire.tokens import LeaseClaims, LeaseKeys
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
-from test_gateway_stops import control_plane, gateway_config, issue, until
+from intents_harness import intents_config, listed
+from stops_harness import control_plane, issue, until
 
 pytestmark = pytest.mark.anyio
 
 ORDER = {"order_id": "A-1"}
 LEASE_SECRET = "intents-" + "c" * 40
-
-
-def intents_config(upstream: str, control: str | None, **link: Any) -> dict[str, Any]:
-    """lookup_order is irreversible; sleep is irreversible and needs approval; the rest as annotated."""
-    if control is None:
-        data = config_dict(upstream)
-    else:
-        data = gateway_config(upstream, control)
-        data["control"] = {**data["control"], **link}
-    data["upstreams"][0]["labels"] = {"lookup_order": "irreversible", "sleep": "irreversible"}
-    data["upstreams"][0]["approval"] = ["sleep"] if control is not None else []
-    if control is not None:
-        data["intents"] = {"enabled": True}
-    return data
 
 
 def intent_of(result: CallToolResult) -> dict[str, Any]:
@@ -54,14 +41,6 @@ def error_of(result: CallToolResult) -> dict[str, Any]:
     assert result.is_error, result
     error: dict[str, Any] = (result.structured_content or {})["error"]
     return error
-
-
-async def listed(cp: str, **params: str) -> list[dict[str, Any]]:
-    async with httpx2.AsyncClient(base_url=cp, timeout=10) as http:
-        r = await http.get("/v1/intents", params=params, headers=auth("operator"))
-    assert r.status_code == 200, r.text
-    intents: list[dict[str, Any]] = r.json()["intents"]
-    return intents
 
 
 async def call(

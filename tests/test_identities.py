@@ -3,8 +3,6 @@ id, ceilings per identity, and the config errors that keep a token naming one id
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +11,7 @@ import pytest
 from mcp import Client
 from mcp.types import CallToolResult
 
+from cli_process import run_haltwire
 from control_harness import TOKEN, control, issue
 from haltwire.config import ConfigError
 from haltwire.gateway.config import load_config
@@ -58,13 +57,7 @@ def test_two_identities_with_one_token_are_a_config_error_and_exit_2(tmp_path: P
     message = str(raised.value)
     assert message.startswith(f"{path}: identities: "), message
     assert "[0] and [1] have the same token" in message
-    done = subprocess.run(
-        [sys.executable, "-m", "haltwire", "gateway", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    done = run_haltwire("gateway", "--config", str(path), timeout=30)
     assert done.returncode == 2 and f"{path}: identities: " in done.stderr
     assert "Traceback" not in done.stderr
 

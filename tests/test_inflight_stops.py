@@ -43,6 +43,7 @@ from haltwire.meta import LEASE_META
 from haltwire.refusal import Refusal
 from haltwire.runtime import ControlClient, Lease
 from haltwire.watch import StopWatch
+from leases_harness import PATHS
 
 pytestmark = pytest.mark.anyio
 
@@ -52,7 +53,6 @@ OPERATOR = {"Authorization": f"Bearer {CONTROL_TOKENS['operator']}"}
 LONG_S = 20.0
 #: The bounded and irreversible calls: long enough for the stop to land while they run.
 SHORT_S = 2.0
-PATHS = {"fast": "2026-07-28", "sdk": "legacy"}
 
 
 @dataclass

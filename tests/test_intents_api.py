@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,88 +19,21 @@ import httpx2
 import pytest
 
 from control_harness import ROLES, TOKEN, cli
-from haltwire.control import create_app, parse_control_config
 from haltwire.control.routes import document
-from haltwire.control.stores import Stores, open_stores
-from haltwire.serve import serving
-from test_leases_api import OTHER, config_dict
+from intents_harness import (
+    audit,
+    auth,
+    body,
+    claim,
+    get,
+    issue,
+    plane,
+    propose,
+    settle,
+    sqlite,
+)
 
 pytestmark = pytest.mark.anyio
-
-#: A second executor: it must not settle what the first one claimed.
-EXECUTOR_2 = {"name": "executor-2", "role": "executor", "token": "tok-executor2"}
-TOKENS = {**TOKEN, "agent-2": str(OTHER["token"]), "executor-2": EXECUTOR_2["token"]}
-
-
-def auth(who: str | None) -> dict[str, str]:
-    return {} if who is None else {"Authorization": f"Bearer {TOKENS[who]}"}
-
-
-@asynccontextmanager
-async def plane(
-    registry: dict[str, Any], leases: bool = True
-) -> AsyncIterator[tuple[httpx2.AsyncClient, Stores]]:
-    data = config_dict(registry, leases)
-    data["identities"].append(EXECUTOR_2)
-    config = parse_control_config(data)
-    async with open_stores(config) as stores:
-        async with serving(create_app(config, stores)) as url:
-            async with httpx2.AsyncClient(base_url=url, timeout=10) as client:
-                yield client, stores
-
-
-def sqlite(tmp_path: Path) -> dict[str, Any]:
-    return {"backend": "sqlite", "path": str(tmp_path / "control.db")}
-
-
-def body(key: str, **overrides: Any) -> dict[str, Any]:
-    return {
-        "run_id": "r-1",
-        "agent": "a1",
-        "tenant": "acme",
-        "version": "2.1",
-        "tool": "refund",
-        "arguments": {"order": key, "amount": 100},
-        "idempotency_key": key,
-        **overrides,
-    }
-
-
-async def propose(client: httpx2.AsyncClient, key: str, **overrides: Any) -> dict[str, Any]:
-    r = await client.post("/v1/intents", json=body(key, **overrides), headers=auth("gateway"))
-    assert r.status_code == 201, r.text
-    out: dict[str, Any] = r.json()
-    return out
-
-
-async def claim(client: httpx2.AsyncClient, who: str = "executor") -> httpx2.Response:
-    return await client.post("/v1/intents/claim", headers=auth(who))
-
-
-async def settle(
-    client: httpx2.AsyncClient, intent_id: str, action: str, who: str = "executor", **payload: Any
-) -> httpx2.Response:
-    return await client.post(f"/v1/intents/{intent_id}/{action}", json=payload or None, headers=auth(who))
-
-
-async def issue(client: httpx2.AsyncClient, scope: str) -> dict[str, Any]:
-    r = await client.post("/v1/stops", json={"scope": scope, "reason": "runaway"}, headers=auth("operator"))
-    assert r.status_code == 201, r.text
-    out: dict[str, Any] = r.json()
-    return out
-
-
-async def get(client: httpx2.AsyncClient, intent_id: str, who: str = "operator") -> dict[str, Any]:
-    r = await client.get(f"/v1/intents/{intent_id}", headers=auth(who))
-    assert r.status_code == 200, r.text
-    out: dict[str, Any] = r.json()
-    return out
-
-
-async def audit(client: httpx2.AsyncClient, action: str) -> list[dict[str, Any]]:
-    records = (await client.get("/v1/audit", headers=auth("operator"))).json()["records"]
-    return [r for r in records if r["action"] == action]
-
 
 # -- recording ----------------------------------------------------------------------------------
 
@@ -560,7 +491,7 @@ async def test_cli_intents_approve_and_reject(
 
 
 async def test_intent_responses_match_the_document(tmp_path: Path) -> None:
-    from test_openapi import conforms
+    from openapi_harness import conforms
 
     one, settle_path = "/v1/intents/{intent_id}", "/v1/intents/{intent_id}/{action}"
     async with plane(sqlite(tmp_path)) as (client, _):
@@ -622,7 +553,7 @@ async def test_intent_responses_match_the_document(tmp_path: Path) -> None:
 async def test_schemathesis_finds_no_failure_in_the_intent_endpoints(tmp_path: Path, role: str) -> None:
     """The intents' own roles (test_openapi.py runs every operation as operator, tripwire and
     agent): recording, claiming and settling through the fuzzer, with intents to claim."""
-    from test_openapi import schemathesis
+    from openapi_harness import schemathesis
 
     async with plane(sqlite(tmp_path)) as (client, _):
         for n in range(5):

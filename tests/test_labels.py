@@ -9,7 +9,6 @@ handshake-era (the SDK path).
 from __future__ import annotations
 
 import re
-import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -23,6 +22,7 @@ import pytest
 from mcp.server.lowlevel import Server
 from mcp.server.transport_security import TransportSecuritySettings
 
+from cli_process import run_haltwire_async
 from haltwire import refusal
 from haltwire.config import ConfigError
 from haltwire.gateway import UpstreamError
@@ -179,12 +179,8 @@ async def test_a_label_for_a_tool_the_upstream_does_not_list_is_a_start_up_error
             '[gateway]\ndevelopment = true\n[[upstreams]]\nname = "shop"\n'
             f'url = "{up}/mcp"\nlabels = {{ wire_money = "irreversible" }}\n'
         )
-        with anyio.fail_after(60):
-            done = await anyio.run_process(
-                [sys.executable, "-m", "haltwire", "gateway", "--config", str(path), "--port", "0"],
-                check=False,
-            )
-    stderr = done.stderr.decode()
+        done = await run_haltwire_async("gateway", "--config", str(path), "--port", "0")
+    stderr = done.stderr
     assert done.returncode == 2, stderr
     assert "'shop'" in stderr and "wire_money" in stderr and "Traceback" not in stderr
 

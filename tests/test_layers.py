@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from import_graph import SRC, cycles, graph, imports, modules
+from import_graph import SRC, cycles, graph, imports, imports_of_test_files, modules
 
 GRAPH = graph()
 
@@ -133,3 +133,16 @@ def test_the_graph_sees_imports_inside_functions() -> None:
     known = modules()
     targets = {t for t, _ in imports("haltwire.cli", SRC / "haltwire" / "cli.py", known)}
     assert "haltwire.control" in targets
+
+
+def test_no_test_file_imports_another() -> None:
+    # Shared test helpers live in helper modules (stops_harness.py, runs_harness.py, ...), so a
+    # test file can change without breaking the tests of another.
+    assert imports_of_test_files() == []
+
+
+def test_the_test_file_check_finds_an_import_inside_a_function(tmp_path: Path) -> None:
+    (tmp_path / "test_a.py").write_text("import test_b\n")
+    (tmp_path / "helper.py").write_text("def f():\n    from test_c import x\n")
+    (tmp_path / "test_d.py").write_text("from helper import f\nimport testing\n")
+    assert imports_of_test_files(tmp_path) == [("helper.py", 2, "test_c"), ("test_a.py", 1, "test_b")]

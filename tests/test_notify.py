@@ -23,15 +23,15 @@ import httpx2
 import pytest
 import tomli_w
 
+from control_process import ControlCommand
 from haltwire.config import ConfigError
 from haltwire.control import create_app, pages, parse_control_config
 from haltwire.control.stores import Stores, open_stores
 from haltwire.serve import serving
 from harness import postgres_section
+from intents_harness import EXECUTOR_2, auth, claim, propose, settle, sqlite
 from page_receiver import Receiver, free_port, receiving
-from test_control_processes import ControlCommand
-from test_intents_api import EXECUTOR_2, auth, claim, propose, settle, sqlite
-from test_leases_api import config_dict
+from runs_harness import config_dict
 
 pytestmark = pytest.mark.anyio
 

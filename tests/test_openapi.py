@@ -9,46 +9,23 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
-import anyio
 import httpx2
 import jsonschema_rs
 import pytest
 from starlette.routing import Route
 
-from control_harness import TOKEN, Events, auth, config_dict, issue
+from control_harness import Events, auth, config_dict, issue
 from haltwire.control import create_app, parse_control_config
 from haltwire.control.routes import document, routes
 from haltwire.limits import MAX_BODY_BYTES
 from haltwire.serve import serving
+from openapi_harness import conforms, schemathesis, validate
 
 pytestmark = pytest.mark.anyio
-
-#: The schemathesis 4 checks the run applies (the CLI names them so).
-CHECKS = "not_a_server_error,response_schema_conformance,status_code_conformance,content_type_conformance"
-
-# A 200 from /v1/watch never ends: schemathesis reads an event stream until it has
-# max-stream-events events or the request timeout passes. A `since` at or past the newest
-# revision sends no event, so each such case costs one timeout: the watch gets the coverage
-# phase (boundary values, bad values, missing parts) but no random fuzzing.
-CONFIG = """
-[[operations]]
-include-path = "/v1/watch"
-request-timeout = 2.0
-max-stream-events = 1
-phases.fuzzing.enabled = false
-
-[phases.stateful]
-max-steps = 4
-generation.max-examples = 10
-"""
-
 
 #: Lease keys (plain secrets: development only) and a second agent, to be refused another's run.
 LEASES = {"signing_key": "k1", "keys": [{"kid": "k1", "secret": "k1-secret-" + "x" * 32}]}
@@ -111,27 +88,6 @@ async def test_the_docs_pages_show_the_document(tmp_path: Path) -> None:
             r = await client.get(page)  # no token needed, like the document
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/html"), page
             assert "/openapi.json" in r.text, page
-
-
-def conforms(response: httpx2.Response, method: str, path: str) -> Any:
-    """Assert ``response`` is documented for this operation and matches its schema; its body."""
-    doc = document()
-    documented = doc["paths"][path][method]["responses"]
-    assert str(response.status_code) in documented, (method, path, response.status_code, response.text)
-    content = documented[str(response.status_code)]["content"]
-    media_type = response.headers["content-type"].split(";")[0]
-    assert media_type in content, (method, path, media_type)
-    if media_type != "application/json":
-        return None
-    body = response.json()
-    validate(content[media_type]["schema"], body)
-    return body
-
-
-def validate(schema: dict[str, Any], instance: Any) -> None:
-    # The component refs resolve against a root that carries the components.
-    root = {**schema, "components": document()["components"]}
-    jsonschema_rs.Draft202012Validator(root).validate(instance)
 
 
 async def test_real_responses_match_the_document(tmp_path: Path) -> None:
@@ -347,19 +303,6 @@ async def test_watch_responses_match_the_document(tmp_path: Path) -> None:
         change = json.loads(event["data"])
         validate({"$ref": "#/components/schemas/Change"}, change)
         assert change["stop"]["stop_id"] == stop["stop_id"] and event["id"] == str(change["revision"])
-
-
-async def schemathesis(tmp_path: Path, base_url: str, role: str, *args: str) -> tuple[int, str]:
-    """Run the schemathesis CLI against a live control plane: its exit code and output."""
-    config = tmp_path / "schemathesis.toml"
-    config.write_text(CONFIG)
-    command = [
-        *(sys.executable, "-m", "schemathesis.cli", "--config-file", str(config), "--no-color", "run"),
-        *("--url", base_url, "--header", f"Authorization: Bearer {TOKEN[role]}", "--checks", CHECKS),
-        *("--request-timeout", "10", "--generation-database", "none", *args),
-    ]
-    done = await anyio.run_process(command, cwd=tmp_path, check=False, stderr=subprocess.STDOUT)
-    return done.returncode, done.stdout.decode(errors="replace")
 
 
 async def seeded(client: httpx2.AsyncClient, role: str = "operator") -> str:

@@ -29,7 +29,7 @@ from control_harness import Events, auth
 from haltwire.demo.upstream import DemoUpstream
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
 from redis_process import RedisProcess, unique_prefix
-from test_gateway_stops import control_plane, until
+from stops_harness import control_plane, until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 

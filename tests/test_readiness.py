@@ -25,7 +25,7 @@ from haltwire.demo.upstream import DemoUpstream
 from haltwire.serve import serving
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
 from redis_process import free_port
-from test_gateway_stops import code_of, control_plane, gateway_config, until
+from stops_harness import code_of, control_plane, gateway_config, until
 
 pytestmark = pytest.mark.anyio
 

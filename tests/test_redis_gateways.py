@@ -29,7 +29,6 @@ import redis
 from mcp.types import CallToolResult
 
 from gateway_processes import (
-    HALTWIRE,
     START_TIMEOUT_S,
     TOKEN,
     Gateway,
@@ -38,7 +37,6 @@ from gateway_processes import (
     spawn_gateways,
     spawn_upstream,
     wait_ready,
-    write_config,
 )
 from harness import connect
 from redis_process import RedisProcess, free_port, shared_prefix, unique_prefix
@@ -208,13 +206,9 @@ def fleet_run(module_procs: Processes) -> Iterator[dict[str, PhaseResult]]:
             wait_ready(procs, up.name, f"http://127.0.0.1:{up.port}/state")
         gateways: list[Gateway] = []
         for b, ports in gateway_ports.items():
-            for i, port in enumerate(ports):
-                gw = Gateway(f"gateway-{b}-{i}", port, procs.logs / f"gateway-{b}-{i}.toml")
-                write_config(
-                    gw.config, port=port, upstream=upstreams[b], backend=b, redis_url=redis_url, prefix=prefix
-                )
-                procs.spawn(gw.name, [*HALTWIRE, "gateway", "--config", str(gw.config)])
-                gateways.append(gw)
+            gateways += spawn_gateways(
+                procs, b, GATEWAYS, ports=ports, upstream=upstreams[b], backend=b, redis_url=redis_url, prefix=prefix
+            )
         for gw in gateways:
             wait_ready(procs, gw.name, gw.readyz)
         if read_line(clients, START_TIMEOUT_S) != "imported":
@@ -288,15 +282,6 @@ def outcome(result: CallToolResult) -> str:
 
 
 DOWN = "counters_unavailable:retryable=True"
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    p = Processes(tmp_path)
-    try:
-        yield p
-    finally:
-        p.stop_all()
 
 
 @pytest.fixture

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import urlparse
 
 import anyio
@@ -21,17 +19,15 @@ import redis
 from crowd import crowd
 from gateway_processes import (
     AGENT,
-    HALTWIRE,
     TOKEN,
-    Gateway,
     Processes,
     Upstream,
     budget_key,
+    spawn_gateways,
     wait_ready,
-    write_config,
 )
 from harness import TOKENS, config_dict, running_gateway, running_upstream
-from redis_process import free_port, shared_prefix
+from redis_process import shared_prefix
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 
@@ -83,15 +79,6 @@ async def test_one_gateway_answers_200_calls_at_once_on_a_budget_of_100(max_conn
 # -- three gateway processes, 300 clients, 1,000 calls --------------------------------------
 
 
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    p = Processes(tmp_path)
-    try:
-        yield p
-    finally:
-        p.stop_all()
-
-
 @pytest.mark.slow
 async def test_three_gateways_serve_exactly_the_budget_to_300_clients_at_once(procs: Processes) -> None:
     """Issue 12's acceptance: 1,000 calls, 300 clients at once, a budget of 100: exactly 100
@@ -105,24 +92,20 @@ async def test_three_gateways_serve_exactly_the_budget_to_300_clients_at_once(pr
         # at once; it serves only the budget's 100 calls.
         async with running_upstream() as (demo, up_url):
             up = Upstream("upstream", urlparse(up_url).port or 0)
-            gateways = []
-            for i in range(3):
-                gw = Gateway(f"gateway-{i}", free_port(), procs.logs / f"gateway-{i}.toml")
-                write_config(
-                    gw.config,
-                    port=gw.port,
-                    upstream=up,
-                    backend="redis",
-                    redis_url=url,
-                    prefix=prefix,
-                    budget=BUDGET,
-                    extra_limits=f"max_in_flight = {MAX_IN_FLIGHT}",
-                    # 100 calls at once per gateway on two busy cores took up to 9 s each here;
-                    # an admission past its deadline is refused though Redis may have counted it.
-                    timeout_s=30.0,
-                )
-                procs.spawn(gw.name, [*HALTWIRE, "gateway", "--config", str(gw.config)])
-                gateways.append(gw)
+            gateways = spawn_gateways(
+                procs,
+                "load",
+                3,
+                upstream=up,
+                backend="redis",
+                redis_url=url,
+                prefix=prefix,
+                budget=BUDGET,
+                extra_limits=f"max_in_flight = {MAX_IN_FLIGHT}",
+                # 100 calls at once per gateway on two busy cores took up to 9 s each here;
+                # an admission past its deadline is refused though Redis may have counted it.
+                timeout_s=30.0,
+            )
             for gw in gateways:
                 await anyio.to_thread.run_sync(wait_ready, procs, gw.name, gw.readyz)
             served_before = demo.served["lookup_order"]

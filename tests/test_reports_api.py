@@ -19,8 +19,8 @@ import httpx2
 import pytest
 
 from control_harness import ROLES, TOKEN, cli
-from test_intents_api import auth, claim, get, plane, propose, settle, sqlite
-from test_openapi import conforms
+from intents_harness import auth, claim, get, issue, plane, propose, settle, sqlite
+from openapi_harness import conforms
 
 pytestmark = pytest.mark.anyio
 
@@ -30,13 +30,6 @@ SECTIONS = ("completed", "unknown", "failed", "cancelled", "awaiting_approval", 
 async def register(client: httpx2.AsyncClient, run_id: str) -> None:
     r = await client.post("/v1/runs", json={"run_id": run_id}, headers=auth("agent"))
     assert r.status_code == 201, r.text
-
-
-async def issue(client: httpx2.AsyncClient, scope: str, reason: str) -> dict[str, Any]:
-    r = await client.post("/v1/stops", json={"scope": scope, "reason": reason}, headers=auth("operator"))
-    assert r.status_code == 201, r.text
-    out: dict[str, Any] = r.json()
-    return out
 
 
 async def report(client: httpx2.AsyncClient, run_id: str, who: str = "operator") -> dict[str, Any]:
@@ -352,7 +345,7 @@ async def test_an_empty_run_reports_empty_sections_and_its_registration(
 
 
 async def test_a_call_the_stop_refused_is_in_the_runs_timeline(tmp_path: Path) -> None:
-    from test_intents_api import body
+    from intents_harness import body
 
     async with plane(sqlite(tmp_path)) as (client, _):
         await register(client, "r-1")

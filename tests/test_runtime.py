@@ -28,9 +28,9 @@ from haltwire.runtime import (
 )
 from haltwire.serve import serving
 from harness import config_dict, connect, running_gateway, running_upstream
+from runs_harness import LEASES
+from runs_harness import config_dict as control_config
 from tcp_proxy import TcpProxy
-from test_leases_api import LEASES
-from test_leases_api import config_dict as control_config
 
 pytestmark = pytest.mark.anyio
 

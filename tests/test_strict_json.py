@@ -19,9 +19,9 @@ import pytest
 
 from haltwire import jsonwire
 from harness import TOKENS, connect, running_gateway, running_upstream
+from intents_harness import intents_config, listed
 from plane_harness import bearer, full_plane
-from test_gateway_intents import intents_config, listed
-from test_gateway_stops import control_plane
+from stops_harness import control_plane
 
 pytestmark = pytest.mark.anyio
 
@@ -183,7 +183,7 @@ async def test_an_upstream_answer_that_is_not_json_is_a_parse_error(value: str) 
     parser must accept): it is an answer the lean path cannot parse, like any other."""
     from mcp.shared.exceptions import MCPError
 
-    from test_upstreams_fastpath import JSON_HEADERS, SSE_HEADERS, caller_for, scripted
+    from upstream_harness import JSON_HEADERS, SSE_HEADERS, caller_for, scripted
 
     def answer(method: str, headers: dict[str, str], body: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         request_id = json.loads(body)["id"]

@@ -5,7 +5,6 @@ call past it (the 21st first) is stopped through the control plane."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,24 +17,15 @@ from haltwire.identity import Identity
 from haltwire.meta import LEASE_META
 from haltwire.store.counters.redis import RedisCounters
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
+from leases_harness import LEASES, mint
 from redis_process import free_port, private_redis, shared_prefix
-from test_gateway_leases import LEASES, mint
-from test_gateway_stops import control_plane, until
-from test_tripwires_gateway import outcome, stops_of
+from stops_harness import control_plane, until
+from tripwires_harness import outcome, stops_of
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 
 LIMIT = 20
 RUNS = 30
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    p = Processes(tmp_path)
-    try:
-        yield p
-    finally:
-        p.stop_all()
 
 
 def gateway_toml(upstream: str, cp: str, port: int, redis_url: str, prefix: str) -> dict[str, Any]:
@@ -168,7 +158,7 @@ async def test_an_outcome_trip_at_one_gateway_is_refused_at_another_before_its_s
     from starlette.routing import Route
 
     from haltwire.serve import serving
-    from test_gateway_stops import gateway_config
+    from stops_harness import gateway_config
 
     async def unavailable(request: Any) -> Response:
         return JSONResponse({"error": {"code": "unavailable", "message": "down"}}, status_code=503)

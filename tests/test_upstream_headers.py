@@ -6,12 +6,12 @@ others; plain ``headers`` are refused unless ``gateway.development = true`` (iss
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cli_process import run_haltwire
 from haltwire.config import ConfigError
 from haltwire.gateway import create_app
 from haltwire.gateway.config import parse_config
@@ -91,9 +91,7 @@ async def test_the_upstream_gets_the_header_from_the_environment(monkeypatch: py
 
 
 def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "haltwire", *args], capture_output=True, text=True, timeout=60, check=False, env=env
-    )
+    return run_haltwire(*args, env=env, timeout=60)
 
 
 def test_the_cli_exits_2_naming_the_header_or_the_variable(tmp_path: Path) -> None:

@@ -141,7 +141,7 @@ async def test_a_stop_is_answered_only_with_its_intents_cancelled(tmp_path: Path
 
 
 async def test_a_run_whose_audit_record_fails_is_not_registered(tmp_path: Path, store: dict[str, Any]) -> None:
-    from test_leases_api import plane  # a control plane with [leases]
+    from runs_harness import plane  # a control plane with [leases]
 
     raw = raw_sql(store)
     async with plane(store) as (client, _):
