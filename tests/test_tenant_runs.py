@@ -19,13 +19,13 @@ from typing import Any
 import httpx2
 import pytest
 
+from broker_harness import broker
 from control_harness import TOKEN, Events
 from haltwire.config import ConfigError
 from haltwire.control import create_app, parse_control_config
 from haltwire.control.stores import open_stores
 from haltwire.serve import serving
-from test_broker import broker
-from test_leases_api import config_dict
+from runs_harness import config_dict
 
 pytestmark = pytest.mark.anyio
 
