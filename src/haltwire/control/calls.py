@@ -67,7 +67,7 @@ async def record(plane: Plane, caller: Caller, run_id: str, calls: Sequence[dict
     """Record ``calls`` (each with the fields of ``StoppedCall`` but ``gateway`` and ``seq``) of
     one run; refusals are audited."""
     await run_for(plane, caller, run_id, RECORD, audit=True)
-    registry, audit = plane.open.registry, plane.open.audit
+    registry = plane.open.registry
     for stop_id in sorted({c["stop_id"] for c in calls}):
         if await registry.get_stop(stop_id) is None:
             problem = invalid(f"stop_id: no stop has the id {stop_id}")
@@ -75,7 +75,7 @@ async def record(plane: Plane, caller: Caller, run_id: str, calls: Sequence[dict
     recorded = repeated = 0
     async with plane.transaction():
         for call in calls:
-            if any(r.action == ACTION for r in await audit.records(target=call["call_id"])):
+            if await plane.recorded(ACTION, call["call_id"]):
                 repeated += 1
                 continue
             # ``outcome`` is the audit record's own field ("ok"): the call's is ``call_outcome``.

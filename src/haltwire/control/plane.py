@@ -139,6 +139,11 @@ class Plane:
             caller.name, caller.role, action, excerpt(target), outcome, excerpt(reason), kept, now=time.time()
         )
 
+    async def recorded(self, action: str, target: str) -> bool:
+        """Whether an ``action`` record on ``target`` is in the log: a report a gateway retried
+        (its id the target) is recorded once."""
+        return any(r.action == action for r in await self.open.audit.records(target=target))
+
     async def refuse(self, caller: Caller, action: str, target: str, exc: Refused, **detail: Any) -> Refused:
         """Audit a refused write with its code; answers ``exc`` for the caller to raise."""
         await self.audit(caller, action, target, "refused", exc.message, code=exc.code, **detail)

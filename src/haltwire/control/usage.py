@@ -53,11 +53,10 @@ async def record(plane: Plane, caller: Caller, run_id: str, items: Sequence[dict
     """Record ``items`` (``report_id``, ``model``, ``calls``, ``input_tokens``,
     ``output_tokens``, ``cost_micros``) of one run: how many were recorded, and repeated."""
     await run_for(plane, caller, run_id, RECORD, audit=True)
-    audit = plane.open.audit
     recorded = repeated = 0
     async with plane.transaction():
         for item in items:
-            if any(r.action == ACTION for r in await audit.records(target=item["report_id"])):
+            if await plane.recorded(ACTION, item["report_id"]):
                 repeated += 1
                 continue
             detail = {k: v for k, v in item.items() if k != "report_id"}
