@@ -3,7 +3,8 @@
 Everything runs in this process on loopback: a control plane (SQLite in a temporary
 directory), the demo upstream, a gateway in front of it that requires a lease from the
 agent, and a scripted fake of the Responses API (``fake_model.py``) behind the same gateway
-(``[[models]]``), so no request leaves the machine and no real model is called.
+(``[[models]]``), so no request leaves the machine and no real model is called
+(``stack.py`` starts them).
 
 The agent is a plain ``Agent`` + ``Runner``. haltwire sits at four places:
 
@@ -21,7 +22,13 @@ The fake model asks for ``lookup_order`` on A-1, A-2, ... forever. After ``stop_
 calls have reached the upstream, the operator issues a stop on ``run:RUN_ID``; the run ends
 with ``StopRequested`` and the example prints what the model read and how the run finished.
 
-Run: ``.venv/bin/python -m examples.openai_agents.agent`` (exit 0 when the stop ended the run).
+With ``--stream`` the run is streamed (``Runner.run_streamed``, ``stream: true`` through the
+gateway), and the stop lands while the model is streaming: the gateway cuts the stream, the
+SDK raises its last event as ``openai.APIError`` out of ``stream_events()``, and the run report
+lists the cut model call (see the README).
+
+Run: ``.venv/bin/python -m examples.openai_agents.agent [--stream]`` (exit 0 when the stop
+ended the run).
 """
 
 from __future__ import annotations
