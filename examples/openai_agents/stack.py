@@ -58,7 +58,9 @@ def control_config(db: Path) -> dict[str, Any]:
 def gateway_config(upstream: str, control: str, model: str) -> dict[str, Any]:
     data = demo_config(
         upstream,
-        control={"url": control, "token": GATEWAY_TOKEN, "staleness_s": 2.0},
+        # A stop reaches the gateway on its watch at once; staleness_s is how long a silent watch
+        # is trusted (heartbeats every 1 s): 5 s rides out a loaded machine's stalls.
+        control={"url": control, "token": GATEWAY_TOKEN, "staleness_s": 5.0},
         leases={"keys": [{"kid": "k1", "secret": LEASE_SECRET}]},
         models=[{"name": "fake", "base_url": f"{model}/v1", "api_key_env": MODEL_KEY_ENV, "models": ["fake-model"]}],
     )
