@@ -108,7 +108,7 @@ class Transcript:
     #: What the Agents SDK raised when the gateway cut the model's stream: ``openai.APIError``,
     #: its ``body`` the gateway's error object naming the stop.
     cut: APIError | None = None
-    #: Seconds from the stop's 201 to the run's end.
+    #: Seconds from the operator sending the stop to the run's end.
     stop_to_end_s: float | None = None
     #: The cut stream at the provider: the events it had sent, and whether it saw the close.
     provider_sent: list[str] = field(default_factory=list)
@@ -313,7 +313,7 @@ async def run_agent(lease: Lease, mcp: Client, gateway_url: str, transcript: Tra
                 async for event in streamed.stream_events():
                     transcript.events += event.type == "raw_response_event"
             finally:
-                streamed.cancel()  # a no-op once the run has ended; else (cancelled) ends it
+                streamed.cancel()  # a no-op once the run has ended; else (this task cancelled) ends it
             transcript.other_end = f"final output {streamed.final_output!r}"
         else:
             result = await Runner.run(agent, task, hooks=hooks, max_turns=1000, run_config=config)
