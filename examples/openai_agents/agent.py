@@ -3,7 +3,8 @@
 Everything runs in this process on loopback: a control plane (SQLite in a temporary
 directory), the demo upstream, a gateway in front of it that requires a lease from the
 agent, and a scripted fake of the Responses API (``fake_model.py``) behind the same gateway
-(``[[models]]``), so no request leaves the machine and no real model is called.
+(``[[models]]``), so no request leaves the machine and no real model is called
+(``stack.py`` starts them).
 
 The agent is a plain ``Agent`` + ``Runner``. haltwire sits at four places:
 
@@ -21,16 +22,21 @@ The fake model asks for ``lookup_order`` on A-1, A-2, ... forever. After ``stop_
 calls have reached the upstream, the operator issues a stop on ``run:RUN_ID``; the run ends
 with ``StopRequested`` and the example prints what the model read and how the run finished.
 
-Run: ``.venv/bin/python -m examples.openai_agents.agent`` (exit 0 when the stop ended the run).
+With ``--stream`` the run is streamed (``Runner.run_streamed``, ``stream: true`` through the
+gateway), and the stop lands while the model is streaming: the gateway cuts the stream, the
+SDK raises its last event as ``openai.APIError`` out of ``stream_events()``, and the run report
+lists the cut model call (see the README).
+
+Run: ``.venv/bin/python -m examples.openai_agents.agent [--stream]`` (exit 0 when the stop
+ended the run).
 """
 
 from __future__ import annotations
 
-import os
+import argparse
 import sys
 import tempfile
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,64 +58,26 @@ from agents import (
 )
 from agents.models.openai_responses import OpenAIResponsesModel
 from mcp import Client
-from openai import APIStatusError, AsyncOpenAI
+from openai import APIError, APIStatusError, AsyncOpenAI
 
-from haltwire.control import create_app, parse_control_config
-from haltwire.demo.stack import connect, demo_config, running_gateway, running_upstream
-from haltwire.demo.upstream import DemoUpstream
+from haltwire.demo.stack import connect
 from haltwire.runtime import ControlClient, Guard, Lease, LeasedTools, StopNotice, StopRequested
-from haltwire.serve import serving
 
 if __package__ in (None, ""):  # run as a file: make ``examples.openai_agents`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from examples.openai_agents.fake_model import FakeResponses
-
-OPERATOR_TOKEN = "tok-oncall"
-GATEWAY_TOKEN = "tok-gateway"
-#: The runtime's identity at the control plane; the same agent, tenant and version as the
-#: gateway's ops-bot, so the gateway accepts this run's leases from ops-bot's calls.
-RUNTIME_TOKEN = "tok-ops-runtime"
-MCP_TOKEN = "tok-ops"
-LEASE_SECRET = "example-lease-key-" + "x" * 32
-#: The fake provider's key, which only the gateway holds (read from this variable at its start).
-MODEL_KEY_ENV = "HALTWIRE_EXAMPLE_MODEL_KEY"
-REASON = "refund storm: the agent keeps looking up orders"
+from examples.openai_agents.stack import (
+    MCP_TOKEN,
+    REASON,
+    RUNTIME_TOKEN,
+    operator_stop,
+    reported_calls,
+    running_stack,
+)
 
 #: The refusals from the gateway that mean this run is over, not this one call.
 RUN_OVER = frozenset({"stopped", "lease_expired", "lease_invalid"})
-
-
-def control_config(db: Path) -> dict[str, Any]:
-    return {
-        "control": {"development": True, "heartbeat_s": 1.0},
-        "registry": {"backend": "sqlite", "path": str(db)},
-        "agent_classes": {"default": {"ttl_s": 15, "renew_every_s": 5, "renew_timeout_s": 10}},
-        "leases": {"signing_key": "k1", "keys": [{"kid": "k1", "secret": LEASE_SECRET}]},
-        "identities": [
-            {"name": "oncall", "role": "operator", "token": OPERATOR_TOKEN},
-            {"name": "gateway-1", "role": "gateway", "token": GATEWAY_TOKEN},
-            {
-                "name": "ops-runtime",
-                "role": "agent",
-                "token": RUNTIME_TOKEN,
-                "agent": "ops-bot",
-                "tenant": "acme",
-                "version": "1.0",
-            },
-        ],
-    }
-
-
-def gateway_config(upstream: str, control: str, model: str) -> dict[str, Any]:
-    data = demo_config(
-        upstream,
-        control={"url": control, "token": GATEWAY_TOKEN, "staleness_s": 2.0},
-        leases={"keys": [{"kid": "k1", "secret": LEASE_SECRET}]},
-        models=[{"name": "fake", "base_url": f"{model}/v1", "api_key_env": MODEL_KEY_ENV, "models": ["fake-model"]}],
-    )
-    data["identities"][0]["lease"] = "required"  # ops-bot: no lease, no tool call
-    return data
 
 
 @dataclass
@@ -131,6 +99,22 @@ class Transcript:
     served_at_exit: int = 0
     #: The run's end when no stop ended it (a final output, or another error).
     other_end: str = ""
+    #: Model calls the provider had got when the run ended, and when everything was over.
+    model_calls_when_stopped: int | None = None
+    model_calls_at_exit: int = 0
+    #: Streamed (``Runner.run_streamed``): the model's stream events that reached the agent.
+    streamed: bool = False
+    events: int = 0
+    #: What the Agents SDK raised when the gateway cut the model's stream: ``openai.APIError``,
+    #: its ``body`` the gateway's error object naming the stop.
+    cut: APIError | None = None
+    #: Seconds from the operator sending the stop to the run's end.
+    stop_to_end_s: float | None = None
+    #: The cut stream at the provider: the events it had sent, and whether it saw the close.
+    provider_sent: list[str] = field(default_factory=list)
+    provider_saw_close: bool = False
+    #: The calls the stop found in flight, from the run report (``GET /v1/runs/{id}/report``).
+    report_calls: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def stopped_by_issued_stop(self) -> bool:
@@ -157,7 +141,27 @@ class Transcript:
         out.append(
             f"upstream: {self.served_when_stopped} calls served when the stop reached the run, {self.served_at_exit} in all"
         )
+        if self.streamed:
+            out += self.stream_lines()
         out.append(f"finished: {self.finished()}")
+        return out
+
+    def stream_lines(self) -> list[str]:
+        out = [f"model: {self.events} stream events reached the agent"]
+        if self.cut is not None:
+            body = self.cut.body if isinstance(self.cut.body, dict) else {}
+            out.append(f"the SDK raised: openai.APIError mid-stream, code {body.get('code')} stop_id {body.get('stop_id')}")
+        if self.stop_to_end_s is not None:
+            out.append(f"the run ended {self.stop_to_end_s * 1000:.0f} ms after the operator sent the stop")
+        close = "saw its connection close" if self.provider_saw_close else "did not see its connection close"
+        last = self.provider_sent[-1] if self.provider_sent else "nothing"
+        out.append(f"provider: the cut stream had sent {len(self.provider_sent)} events (last {last}); it {close}")
+        out.append(
+            f"provider: {self.model_calls_when_stopped} model calls when the run ended, {self.model_calls_at_exit} in all"
+        )
+        out += [
+            f"run report: {c['tool']} {c['label']} {c['outcome']} by {c['stop_id']}" for c in self.report_calls
+        ] or ["run report: no call cut"]
         return out
 
 
@@ -187,11 +191,28 @@ class GuardedModel(Model):
             raise StopRequested(StopNotice.from_error(error)) from exc
 
     async def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        # Streaming is checked between events only; this example runs non-streaming.
+        # Checked between events only: a stream that holds open is the gateway's to cut.
         self.guard.lease.require()
-        async for event in self.inner.stream_response(*args, **kwargs):
-            yield event
-            self.guard.lease.require()
+        try:
+            async for event in self.inner.stream_response(*args, **kwargs):
+                yield event
+                try:
+                    self.guard.lease.require()
+                except StopRequested:
+                    self.transcript.ended_in = self.transcript.ended_in or "model stream"
+                    raise
+        except APIError as exc:
+            error = exc.body if isinstance(exc.body, dict) else {}
+            if error.get("code") not in RUN_OVER:
+                raise
+            if isinstance(exc, APIStatusError):  # refused before it began: a 403
+                self.transcript.ended_in = self.transcript.ended_in or "model call (refused at the gateway)"
+            else:
+                # The gateway cut the stream: its last event, an error event, which the openai
+                # client raises as an APIError (no status: the stream had begun with a 200).
+                self.transcript.cut = exc
+                self.transcript.ended_in = self.transcript.ended_in or "model stream (cut at the gateway)"
+            raise StopRequested(StopNotice.from_error(error)) from exc
 
     async def close(self) -> None:
         await self.inner.close()
@@ -266,7 +287,7 @@ def stop_notice_in(exc: BaseException) -> StopNotice | None:
 
 
 async def run_agent(lease: Lease, mcp: Client, gateway_url: str, transcript: Transcript) -> None:
-    """Run the agent until it ends; record why in ``transcript``."""
+    """Run the agent until it ends (streamed when ``transcript.streamed``); record why in ``transcript``."""
     guard = Guard(lease)
 
     async def with_lease(request: httpx2.Request) -> None:
@@ -282,15 +303,21 @@ async def run_agent(lease: Lease, mcp: Client, gateway_url: str, transcript: Tra
         model=model,
         tools=[order_tool(LeasedTools(mcp, guard), transcript)],
     )
+    task = "Check the status of every order."
+    hooks, config = LeaseHooks(lease, transcript), RunConfig(tracing_disabled=True)
     try:
-        result = await Runner.run(
-            agent,
-            "Check the status of every order.",
-            hooks=LeaseHooks(lease, transcript),
-            max_turns=1000,
-            run_config=RunConfig(tracing_disabled=True),
-        )
-        transcript.other_end = f"final output {result.final_output!r}"
+        if transcript.streamed:
+            streamed = Runner.run_streamed(agent, task, hooks=hooks, max_turns=1000, run_config=config)
+            try:
+                # A model call's exception, a cut stream's included, is raised here.
+                async for event in streamed.stream_events():
+                    transcript.events += event.type == "raw_response_event"
+            finally:
+                streamed.cancel()  # a no-op once the run has ended; else (this task cancelled) ends it
+            transcript.other_end = f"final output {streamed.final_output!r}"
+        else:
+            result = await Runner.run(agent, task, hooks=hooks, max_turns=1000, run_config=config)
+            transcript.other_end = f"final output {result.final_output!r}"
     except Exception as exc:
         transcript.notice = stop_notice_in(exc)
         if transcript.notice is None:
@@ -301,55 +328,30 @@ async def run_agent(lease: Lease, mcp: Client, gateway_url: str, transcript: Tra
         await http.aclose()
 
 
-async def operator_stop(control_url: str, scope: str, reason: str) -> dict[str, Any]:
-    """``POST /v1/stops`` as the operator would (``haltwire stop`` does the same)."""
-    async with httpx2.AsyncClient(base_url=control_url, timeout=10) as http:
-        r = await http.post(
-            "/v1/stops",
-            json={"scope": scope, "reason": reason},
-            headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"},
-        )
-    r.raise_for_status()
-    issued: dict[str, Any] = r.json()
-    return issued
-
-
-@dataclass
-class Stack:
-    control_url: str
-    demo: DemoUpstream
-    mcp_url: str
-    model: FakeResponses
-    #: The gateway's base URL: its model endpoints are under ``/v1``.
-    gateway_url: str
-
-
-@asynccontextmanager
-async def running_stack(workdir: Path, *, think_s: float) -> AsyncIterator[Stack]:
-    """Control plane, demo upstream, gateway (lease required) and fake model, on loopback."""
-    app = create_app(parse_control_config(control_config(workdir / "control.db")))
-    model = FakeResponses(think_s=think_s)
-    os.environ.setdefault(MODEL_KEY_ENV, "fake-provider-key")
-    async with (
-        serving(app, graceful_s=1) as control_url,
-        running_upstream() as (demo, upstream_url),
-        serving(model.app()) as model_url,
-        running_gateway(gateway_config(upstream_url, control_url, model_url)) as (_, mcp_url),
-    ):
-        yield Stack(control_url, demo, mcp_url, model, mcp_url.removesuffix("/mcp"))
-
-
 async def scenario(
-    workdir: Path, *, stop_after: int = 3, think_s: float = 0.2, push: bool = True
+    workdir: Path,
+    *,
+    stop_after: int = 3,
+    think_s: float = 0.2,
+    push: bool = True,
+    stream: bool = False,
+    deadline_s: float = 60.0,
 ) -> Transcript:
     """Run the agent; the operator stops the run once ``stop_after`` calls reached the upstream.
 
     ``push=False`` leaves the run's lease to its renewals (every 5 s), so the stop reaches the
     run first as the gateway's refusal of its next call (level 3).
+
+    ``stream=True`` runs it streamed (``Runner.run_streamed``): the model streams each turn, and
+    its stream of turn ``stop_after + 1`` holds open after its first events, as a model does
+    while it generates; the operator stops the run then, mid-stream, and the gateway cuts the
+    stream (nothing in this process cancels a model stream that sends nothing).
     """
     set_tracing_disabled(True)  # nothing is exported anywhere
-    transcript = Transcript()
-    async with running_stack(workdir, think_s=think_s) as stack:
+    transcript = Transcript(streamed=stream)
+    model = FakeResponses(event_s=0.01, hold_turn=stop_after + 1) if stream else FakeResponses(think_s=think_s)
+    issued_at = ended_at = 0.0
+    async with running_stack(workdir, model) as stack:
         served = stack.demo.served
         async with (
             ControlClient(stack.control_url, RUNTIME_TOKEN) as control,
@@ -359,9 +361,13 @@ async def scenario(
             transcript.run_id = lease.run_id
 
             async def operator() -> None:
+                nonlocal issued_at
+                if stream:
+                    await model.holding.wait()  # the model is streaming its answer
                 while served["lookup_order"] < stop_after:  # noqa: ASYNC110 - the upstream keeps counters, not events
                     await anyio.sleep(0.01)
                 scope = f"run:{lease.run_id}"
+                issued_at = anyio.current_time()
                 transcript.issued = await operator_stop(stack.control_url, scope, REASON)
 
             witnessing = anyio.CancelScope()
@@ -371,11 +377,13 @@ async def scenario(
                     await lease.ended.wait()
                     transcript.served_when_stopped = served["lookup_order"]
 
-            with anyio.fail_after(60):  # a runaway that no stop reaches must not hang
+            with anyio.fail_after(deadline_s):  # a runaway that no stop reaches must not hang
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(operator)
                     tg.start_soon(witness)
                     await run_agent(lease, mcp, stack.gateway_url, transcript)
+                    ended_at = anyio.current_time()
+                    transcript.model_calls_when_stopped = model.answered
                     witnessing.cancel()
                     if transcript.served_when_stopped is None and transcript.notice is not None:
                         transcript.served_when_stopped = served["lookup_order"]  # refused at the gateway
@@ -383,20 +391,33 @@ async def scenario(
                         tg.cancel_scope.cancel()  # no stop reached the run: nothing left to witness
                     # else the operator's request may still be on its way back: let it land.
         await anyio.sleep(0.2)  # anything still on its way to the upstream would land by now
-        transcript.read = list(stack.model.read)
+        transcript.read = list(model.read)
         transcript.served_at_exit = served["lookup_order"]
+        transcript.model_calls_at_exit = model.answered
+        if stream and (held := model.held) is not None:
+            with anyio.move_on_after(5):
+                await held.disconnected.wait()
+            transcript.provider_sent = list(held.sent)
+            transcript.provider_saw_close = held.disconnected.is_set()
+            transcript.stop_to_end_s = ended_at - issued_at if transcript.issued else None
+            transcript.report_calls = await reported_calls(stack.control_url, transcript.run_id)
     return transcript
 
 
-async def amain() -> int:
+async def amain(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m examples.openai_agents.agent", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--stream", action="store_true", help="run streamed (Runner.run_streamed); the stop lands mid-stream"
+    )
+    args = parser.parse_args([] if argv is None else argv)
     with tempfile.TemporaryDirectory(prefix="haltwire-openai-agents-") as tmp:
-        transcript = await scenario(Path(tmp))
+        transcript = await scenario(Path(tmp), stream=args.stream)
     print("\n".join(transcript.lines()))
     return 0 if transcript.stopped_by_issued_stop else 1
 
 
 def main() -> int:
-    return anyio.run(amain)
+    return anyio.run(amain, sys.argv[1:])
 
 
 if __name__ == "__main__":
