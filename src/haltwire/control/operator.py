@@ -23,7 +23,7 @@ import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx2
 
@@ -55,6 +55,10 @@ def _request(args: argparse.Namespace, method: str, path: str, body: Any = None,
         raise _Failed(
             EXIT_USAGE, "give the control plane's --url and --token (or HALTWIRE_CONTROL_URL, HALTWIRE_TOKEN)"
         )
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        hint = f"; did you mean http://{url}?" if "://" not in url else ""
+        raise _Failed(EXIT_USAGE, f"the control plane's URL {url!r} is not an http:// or https:// URL{hint}")
     headers = {"Authorization": f"Bearer {token}"}
     if key is None:
         return _answer(_send(url, args.timeout, method, path, body, headers))
