@@ -252,3 +252,17 @@ def test_a_control_plane_url_without_http_is_a_usage_error(url: str) -> None:
     assert "is not an http:// or https:// URL" in done.stderr and "Traceback" not in done.stderr
     if "://" not in url:
         assert f"did you mean http://{url}?" in done.stderr
+
+
+def test_the_control_plane_announces_no_url_when_its_registry_cannot_be_opened(tmp_path: Path) -> None:
+    """A URL printed is a URL served: the announcement comes once the registry is open."""
+    path = tmp_path / "control.toml"
+    path.write_text(
+        '[control]\ndevelopment = true\n\n[registry]\nbackend = "postgres"\n'
+        'url = "postgresql://postgres@127.0.0.1:1/test"\n\n'
+        '[[identities]]\nname = "oncall"\nrole = "operator"\ntoken = "tok-oncall"\n'
+    )
+    done = run_cli("control", "--config", str(path), "--port", "0", "--admin-port", "0", "--enforcement-port", "0")
+    assert done.returncode == 1, done.stderr
+    assert "haltwire control: registry store failed" in done.stderr and "port 1" in done.stderr
+    assert " on http://" not in done.stderr and "Traceback" not in done.stderr

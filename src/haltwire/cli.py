@@ -200,16 +200,21 @@ def _control(args: argparse.Namespace) -> int:
         return EXIT_RUNTIME
     admin_port = admin_sock.getsockname()[1]
     enforcement_port = enforcement_sock.getsockname()[1]
-    print(
-        f"haltwire control {__version__} on http://{host}:{port} for agents, "
-        f"http://{admin_host}:{admin_port} for operators, "
-        f"http://{enforcement_host}:{enforcement_port} for gateways and executors "
-        f"(registry: {config.registry.backend})",
-        file=sys.stderr,
-        flush=True,
-    )
+
+    def announce() -> None:  # once the registry is open: a URL printed is a URL served
+        print(
+            f"haltwire control {__version__} on http://{host}:{port} for agents, "
+            f"http://{admin_host}:{admin_port} for operators, "
+            f"http://{enforcement_host}:{enforcement_port} for gateways and executors "
+            f"(registry: {config.registry.backend})",
+            file=sys.stderr,
+            flush=True,
+        )
+
     try:
-        anyio.run(serve_main, config, Path(args.config), sock, admin_sock, enforcement_sock, args.verbose)
+        anyio.run(
+            serve_main, config, Path(args.config), sock, admin_sock, enforcement_sock, args.verbose, announce
+        )
     except KeyboardInterrupt:
         return 0
     except RegistryUnavailable as exc:
