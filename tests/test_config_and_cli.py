@@ -184,3 +184,85 @@ def test_a_taken_port_is_one_sentence_and_exit_1_for_the_gateway_and_the_control
             assert done.returncode == 1, done.stderr
             assert f"haltwire {command}: cannot listen on 127.0.0.1:{port}" in done.stderr
             assert "Traceback" not in done.stderr
+
+
+def test_suspend_finds_the_kill_switch_through_the_gateways_config_and_says_where_it_wrote(
+    tmp_path: Path,
+) -> None:
+    """From any working directory, ``--config`` edits the file the gateway reads (relative to its
+    config), and every write says the absolute path it went to."""
+    config = tmp_path / "conf" / "gateway.toml"
+    config.parent.mkdir()
+    config.write_text(GOOD.replace("development = true", 'development = true\nsuspended_file = "suspended.json"'))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = run_haltwire("suspend", "ops-bot", "--config", str(config), cwd=elsewhere, timeout=30)
+    assert done.returncode == 0, done.stderr
+    read_by_gateway = load_config(config).gateway.suspended_file
+    assert read_by_gateway == tmp_path / "conf" / "suspended.json"
+    assert read_by_gateway.read_text() == '{"suspended": ["ops-bot"]}'
+    assert str(read_by_gateway) in done.stdout and not (elsewhere / "suspended.json").exists()
+    relative = run_haltwire("suspend", "x", "--file", "here.json", cwd=elsewhere, timeout=30)
+    assert relative.returncode == 0 and str(elsewhere / "here.json") in relative.stdout
+    config.write_text(GOOD)  # no suspended_file: nothing to edit
+    unset = run_haltwire("suspend", "ops-bot", "--config", str(config), cwd=elsewhere, timeout=30)
+    assert unset.returncode == 2 and "gateway.suspended_file is not set" in unset.stderr
+    assert "Traceback" not in unset.stderr
+
+
+def test_suspend_into_a_folder_that_does_not_exist_is_one_sentence_and_exit_2(tmp_path: Path) -> None:
+    done = run_cli("suspend", "ops-bot", "--file", str(tmp_path / "nodir" / "s.json"))
+    assert done.returncode == 2
+    assert f"the folder {tmp_path / 'nodir'} does not exist" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "nodir").exists()
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [("[gateway]\nsuspended_file", "gateway.suspended_file"), ("[idempotency]\npath", "idempotency.path")],
+)
+def test_a_file_in_a_missing_folder_is_a_config_error_exit_2(tmp_path: Path, section: str, key: str) -> None:
+    """A kill switch in a folder that is not there would never be read: nobody could be suspended."""
+    path = tmp_path / "gw.toml"
+    body = GOOD.replace("[limits]", f'{section} = "missing/file"\n\n[limits]')
+    if section.startswith("[gateway]"):
+        body = body.replace("[gateway]\ndevelopment = true\n", "").replace("[gateway]", "[gateway]\ndevelopment = true")
+    path.write_text(body)
+    with pytest.raises(ConfigError, match=f"{key}: the folder {tmp_path / 'missing'} does not exist"):
+        load_config(path)
+    done = run_cli("gateway", "--config", str(path), "--port", "0")
+    assert done.returncode == 2 and key in done.stderr and "Traceback" not in done.stderr
+
+
+def test_an_unusable_idempotency_store_is_one_sentence_and_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "records").mkdir()  # a folder where the database file should be
+    path = tmp_path / "gw.toml"
+    path.write_text(GOOD.replace("[limits]", '[idempotency]\npath = "records"\n\n[limits]'))
+    done = run_cli("gateway", "--config", str(path), "--port", "0")
+    assert done.returncode == 2, done.stderr
+    assert "cannot open the idempotency store" in done.stderr and str(tmp_path / "records") in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8701", "localhost", "ftp://127.0.0.1:8701"])
+def test_a_control_plane_url_without_http_is_a_usage_error(url: str) -> None:
+    done = run_cli("stops", "--url", url, "--token", "tok")
+    assert done.returncode == 2, done.stderr
+    assert "is not an http:// or https:// URL" in done.stderr and "Traceback" not in done.stderr
+    if "://" not in url:
+        assert f"did you mean http://{url}?" in done.stderr
+
+
+def test_the_control_plane_announces_no_url_when_its_registry_cannot_be_opened(tmp_path: Path) -> None:
+    """A URL printed is a URL served: the announcement comes once the registry is open."""
+    path = tmp_path / "control.toml"
+    path.write_text(
+        '[control]\ndevelopment = true\n\n[registry]\nbackend = "postgres"\n'
+        'url = "postgresql://postgres@127.0.0.1:1/test"\n\n'
+        '[[identities]]\nname = "oncall"\nrole = "operator"\ntoken = "tok-oncall"\n'
+    )
+    done = run_cli("control", "--config", str(path), "--port", "0", "--admin-port", "0", "--enforcement-port", "0")
+    assert done.returncode == 1, done.stderr
+    assert "haltwire control: registry store failed" in done.stderr and "port 1" in done.stderr
+    assert " on http://" not in done.stderr and "Traceback" not in done.stderr

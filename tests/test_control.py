@@ -76,6 +76,7 @@ async def test_malformed_and_unknown_tokens_get_401_in_the_refusal_shape(
             assert r.status_code == 401
             error = r.json()["error"]
             assert error["code"] == "unauthenticated" and error["retryable"] is False
+            assert "stop calling tools" not in error["message"], "an operator is not a model"
 
 
 async def test_an_expired_token_gets_401_and_one_before_its_expiry_is_served(tmp_path: Path) -> None:

@@ -154,7 +154,7 @@ async def test_sigterm_stops_the_agents_process_too(tmp_path: Path) -> None:
         assert cp.proc is not None
         cp.proc.terminate()
         with anyio.fail_after(20):
-            await cp.proc.wait()
+            assert await cp.proc.wait() == 0, "SIGTERM is a clean stop: exit 0, as the README says"
         assert not alive(child), "the main process waited for its child"
 
 

@@ -127,8 +127,10 @@ async def test_an_unreachable_control_plane_at_start_up_is_what_it_was(tmp_path:
     from haltwire.gateway import ControlUnreachable
 
     async with running_upstream() as (_, up):
-        with pytest.raises(ControlUnreachable, match="did not replay its stops: ConnectError"):
-            async with running_gateway(gateway_config(up, "http://127.0.0.1:9")):
+        config = gateway_config(up, "http://127.0.0.1:9")
+        config["control"]["connect_timeout_s"] = 1  # waited for until then (it may start later)
+        with pytest.raises(ControlUnreachable, match=r"did not replay its stops within 1 s: not listening \(ConnectError"):
+            async with running_gateway(config):
                 pass
 
 

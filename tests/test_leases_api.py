@@ -95,6 +95,8 @@ async def test_a_stop_on_each_run_scope_refuses_renewal_until_cleared(
         error = r.json()["error"]
         assert error["code"] == "stopped" and error["retryable"] is False
         assert (error["stop_id"], error["scope"], error["reason"]) == (stop["stop_id"], scope, "runaway")
+        # Read by a runtime and by people, never by a model: no words telling it to stop calling tools.
+        assert "stop calling tools" not in error["message"] and error["message"].endswith("(runaway).")
         other = await renew(client, "r-theirs", "agent-2")
         assert other.status_code == (409 if kind == "global" else 200), other.text
 

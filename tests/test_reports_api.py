@@ -360,3 +360,30 @@ async def test_a_call_the_stop_refused_is_in_the_runs_timeline(tmp_path: Path) -
         await client.post("/v1/intents", json=body("k-other", run_id="r-2"), headers=auth("gateway"))
         again = [t["target"] for t in (await report(client, "r-1"))["timeline"]]
         assert "k-other" not in again
+
+
+async def test_a_stop_over_before_the_run_began_did_not_hit_it_and_audit_run_lists_the_runs_records(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with plane(sqlite(tmp_path)) as (client, _):
+        old = await issue(client, "agent:a1", "yesterday's incident")
+        r = await client.post(f"/v1/stops/{old['stop_id']}/clear", json={"reason": "fixed"}, headers=auth("operator"))
+        assert r.status_code == 200, r.text
+        await register(client, "r-1")
+        today = await issue(client, "agent:a1", "today's incident")
+        got = await report(client, "r-1")
+        assert [s["stop_id"] for s in got["stops"]] == [today["stop_id"]]
+        assert old["stop_id"] not in json.dumps(got)
+        assert [t["action"] for t in got["timeline"]] == ["run.register", "stop.issue"]
+
+        monkeypatch.setenv("HALTWIRE_CONTROL_URL", str(client.base_url).rstrip("/"))
+        monkeypatch.setenv("HALTWIRE_TOKEN", TOKEN["viewer"])
+        capsys.readouterr()
+        assert await cli("audit", "--run", "r-1") == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert len(lines) == 2 and "run.register r-1" in lines[0], lines
+        assert "stop.issue agent:a1" in lines[1] and "today's incident" in lines[1], lines
+        assert await cli("audit", "--run", "r-1", "--json") == 0
+        assert json.loads(capsys.readouterr().out) == got["timeline"]
+        assert await cli("audit", "--run", "r-9") == 1
+        assert "404" in capsys.readouterr().err

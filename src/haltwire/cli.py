@@ -32,6 +32,7 @@ def _gateway(args: argparse.Namespace) -> int:
     from haltwire.gateway import ControlUnreachable, UpstreamError, WrongRole, create_app, redis_pool_size
     from haltwire.listener import check_descriptors
     from haltwire.serve import CannotListen, listen, owned_server
+    from haltwire.store.idempotency import IdempotencyUnavailable
 
     try:
         config = load_config(args.config)
@@ -84,7 +85,7 @@ def _gateway(args: argparse.Namespace) -> int:
             async with AsyncExitStack() as stack:  # the app's, closed once the server has ended
                 try:
                     await app.start(stack)
-                except (UpstreamError, ControlUnreachable, WrongRole) as exc:
+                except (UpstreamError, ControlUnreachable, WrongRole, IdempotencyUnavailable) as exc:
                     print(f"haltwire gateway: {exc}", file=sys.stderr)
                     status = EXIT_USAGE
                     server.should_exit = True  # after answering the calls that waited (503)
@@ -199,16 +200,21 @@ def _control(args: argparse.Namespace) -> int:
         return EXIT_RUNTIME
     admin_port = admin_sock.getsockname()[1]
     enforcement_port = enforcement_sock.getsockname()[1]
-    print(
-        f"haltwire control {__version__} on http://{host}:{port} for agents, "
-        f"http://{admin_host}:{admin_port} for operators, "
-        f"http://{enforcement_host}:{enforcement_port} for gateways and executors "
-        f"(registry: {config.registry.backend})",
-        file=sys.stderr,
-        flush=True,
-    )
+
+    def announce() -> None:  # once the registry is open: a URL printed is a URL served
+        print(
+            f"haltwire control {__version__} on http://{host}:{port} for agents, "
+            f"http://{admin_host}:{admin_port} for operators, "
+            f"http://{enforcement_host}:{enforcement_port} for gateways and executors "
+            f"(registry: {config.registry.backend})",
+            file=sys.stderr,
+            flush=True,
+        )
+
     try:
-        anyio.run(serve_main, config, Path(args.config), sock, admin_sock, enforcement_sock, args.verbose)
+        anyio.run(
+            serve_main, config, Path(args.config), sock, admin_sock, enforcement_sock, args.verbose, announce
+        )
     except KeyboardInterrupt:
         return 0
     except RegistryUnavailable as exc:
@@ -226,14 +232,24 @@ def _suspend(args: argparse.Namespace) -> int:
     from haltwire.gateway.killswitch import read_suspensions, write_suspensions
 
     try:
-        current = set(read_suspensions(args.file))
-    except (ValueError, OSError) as exc:
+        path = Path(args.file) if args.file is not None else _suspended_file(args.config)
+        current = set(read_suspensions(path))
+        wanted = current | set(args.agents) if args.command == "suspend" else current - set(args.agents)
+        write_suspensions(path, sorted(wanted))
+    except (ValueError, OSError, ConfigError) as exc:
         print(f"haltwire {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    wanted = current | set(args.agents) if args.command == "suspend" else current - set(args.agents)
-    write_suspensions(args.file, sorted(wanted))
-    print(f"suspended: {', '.join(sorted(wanted)) or '(nobody)'}")
+    # Where it wrote: a relative --file is relative to here, not to any gateway's config.
+    print(f"suspended: {', '.join(sorted(wanted)) or '(nobody)'} (in {path.resolve()})")
     return 0
+
+
+def _suspended_file(config_path: str) -> Path:
+    """The kill-switch file a gateway's config names (relative to the config, as the gateway reads it)."""
+    path = load_config(config_path).gateway.suspended_file
+    if path is None:
+        raise ConfigError(f"{config_path}: gateway.suspended_file is not set: this gateway has no kill-switch file")
+    return path
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -295,7 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, verb in (("suspend", "add identities to"), ("unsuspend", "remove identities from")):
         sp = sub.add_parser(name, help=f"{verb} the kill-switch file (written atomically)")
         sp.add_argument("agents", nargs="+", metavar="AGENT")
-        sp.add_argument("--file", required=True, help="the gateway's gateway.suspended_file")
+        where = sp.add_mutually_exclusive_group(required=True)
+        where.add_argument("--config", help="the gateway's TOML config: its gateway.suspended_file")
+        where.add_argument("--file", help="the kill-switch file itself (relative to the working directory)")
         sp.set_defaults(func=_suspend)
 
     tw = sub.add_parser("tripwires", help="per-call tripwires: backtest rules on call logs")

@@ -22,6 +22,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -165,14 +166,18 @@ async def serve_main(
     admin: socket.socket,
     enforcement: socket.socket,
     verbose: bool = False,
+    opened: Callable[[], None] | None = None,
 ) -> None:
     """The main process: the admin and enforcement listeners, and the agents' process, until
     SIGINT/SIGTERM. The stores are opened here, not in the app's lifespan, so an unreachable
-    store is the command's exit status (``RegistryUnavailable``)."""
+    store is the command's exit status (``RegistryUnavailable``); ``opened`` is called once they
+    are (the command announces its URLs then, not before)."""
     section = config.control
     if config.broker is not None and config.broker.generate:
         BrokerKeys.from_config(config.broker).share_generated()  # one key for both processes
     async with open_stores(config) as stores:
+        if opened is not None:
+            opened()
         app = create_app(config, stores)
         child = AgentsProcess(
             config_path, agents, app.state.plane, config.registry.backend == "sqlite", verbose

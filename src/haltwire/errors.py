@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import httpx2
+
 
 def describe(exc: BaseException) -> str:
     """An exception in a few words, for logs and ``UpstreamUnavailable``."""
@@ -13,6 +15,14 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "it did not answer in time"
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def not_listening(exc: BaseException) -> bool:
+    """Whether ``exc`` says its peer accepts no connection (yet): refused, or no route to it.
+    A start waits such a peer out, so that the processes of a stack may start in any order."""
+    if isinstance(exc, BaseExceptionGroup):
+        return any(not_listening(e) for e in exc.exceptions)
+    return isinstance(exc, httpx2.ConnectError | ConnectionRefusedError)
 
 
 @contextlib.contextmanager

@@ -155,6 +155,13 @@ class Refusal:
         return HTTP_STATUS.get(self.code, 403 if not self.retryable else 503)
 
 
+def for_people(r: Refusal) -> str:
+    """``r``'s sentence without the words meant for a model (the control plane answers operators
+    and runtimes, which stop by themselves: telling them to "stop calling tools" misleads)."""
+    tail = f", {STOP_AND_TELL}"
+    return f"{r.message.removesuffix(tail)}." if r.message.endswith(tail) else r.message
+
+
 def _terminal(code: str, clause: str, **fields: Any) -> Refusal:
     return Refusal(code=code, message=f"{clause}, {STOP_AND_TELL}", retryable=False, **fields)
 

@@ -101,9 +101,21 @@ def _config(app: Any, limits: ListenerLimits | None, lifespan: Lifespan, **extra
     )
 
 
+class SignalledServer(uvicorn.Server):
+    """A server that takes SIGINT/SIGTERM as a clean stop: the process exits 0 once it has shut
+    down. (uvicorn raises a signal it caught again after its shutdown, and SIGTERM's default
+    action then ends the process with status 143.)"""
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            yield
+            self._captured_signals.clear()
+
+
 async def serve_forever(app: Any, sock: socket.socket, limits: ListenerLimits | None = None) -> None:
-    """Serve ``app`` on a socket bound beforehand (``listen``), until cancelled."""
-    await uvicorn.Server(_config(app, limits, "on")).serve([sock])
+    """Serve ``app`` on a socket bound beforehand (``listen``), until cancelled or SIGINT/SIGTERM."""
+    await SignalledServer(_config(app, limits, "on")).serve([sock])
 
 
 def owned_server(app: Any, limits: ListenerLimits | None = None) -> uvicorn.Server:
@@ -113,7 +125,7 @@ def owned_server(app: Any, limits: ListenerLimits | None = None) -> uvicorn.Serv
     return InProcessServer(_config(app, limits, "off"))
 
 
-class _Owner(uvicorn.Server):
+class _Owner(SignalledServer):
     """The first of ``serve_listeners``' servers: it takes the process's signals, and runs
     ``stopping`` beside its own graceful shutdown, which then ends only once both have."""
 

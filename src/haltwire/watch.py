@@ -33,7 +33,7 @@ import anyio.abc
 import httpx2
 
 from haltwire.config import ControlLink
-from haltwire.errors import describe
+from haltwire.errors import describe, not_listening
 from haltwire.replicas import Replicas
 from haltwire.sse import CAUGHT_UP, sse_events
 from haltwire.stops import ChangeKind, StopRecord, StopSet
@@ -43,6 +43,8 @@ log = logging.getLogger("haltwire.stops")
 _FIELDS: Final = frozenset(f.name for f in fields(StopRecord))
 RECONNECT_MIN_S = 0.2
 RECONNECT_MAX_S = 5.0
+#: Before start-up, how often a control plane that is not listening yet is tried again.
+START_RETRY_S = 0.2
 
 
 #: Who a bearer token is at the control plane, and whether it is sent every stop.
@@ -118,6 +120,8 @@ class StopWatch:
         self.last_heard: float | None = None
         #: True once the stops issued before start-up are applied (``run`` reported started).
         self.ready = False
+        #: Why the last attempt failed, while no replica listens yet (before start-up).
+        self._not_up: Exception | None = None
         #: Called with each new stop as it is applied, in this task and before the next event
         #: is read (the gateway cuts calls in flight here); they must not block.
         self.on_stop: list[Callable[[StopRecord], None]] = []
@@ -208,9 +212,10 @@ class StopWatch:
 
         Reports started once the stops issued before start-up are applied. A failure moves to
         the next replica at once; only when every replica has failed in a row does it wait,
-        doubling the wait while the stops are stale. Before start-up, every replica failing
-        once is raised (a start-up error), and a token of the wrong role at once; after it,
-        each failure is logged and retried.
+        doubling the wait while the stops are stale. Before start-up, replicas that are not
+        listening yet are tried again every ``START_RETRY_S`` until ``start`` gives up; any
+        other failure is raised (a start-up error), a token of the wrong role at once; after
+        it, each failure is logged and retried.
         """
         # A silent connection (no event, no heartbeat) for silence_s is a dead one.
         timeout = httpx2.Timeout(10.0, read=self.link.silence_s)
@@ -225,8 +230,17 @@ class StopWatch:
                     # A stream that was heard from was a good one: count afresh from it.
                     failures = 1 if self.last_heard != heard else failures + 1
                     self.replicas.failed(url)
-                    if not self.ready and (isinstance(exc, WrongRole) or failures >= len(self.replicas)):
-                        raise  # never started, on any replica: a start-up error for the caller
+                    if not self.ready:
+                        listening = not not_listening(exc)
+                        if isinstance(exc, WrongRole) or (listening and failures >= len(self.replicas)):
+                            raise  # never started, on any replica: a start-up error for the caller
+                        if not listening:
+                            # Not listening yet: waited for until ``start``'s connect_timeout_s,
+                            # so the processes of a stack may start in any order.
+                            self._not_up = exc
+                        if failures >= len(self.replicas):
+                            await anyio.sleep(START_RETRY_S)
+                        continue
                     log.error(
                         "control plane %s: watch failed (%s); following %s",
                         url,
@@ -241,11 +255,17 @@ class StopWatch:
                 delay = min(delay * 2, RECONNECT_MAX_S) if not self.current() else RECONNECT_MIN_S
 
     async def start(self, tg: anyio.abc.TaskGroup) -> None:
+        timeout = self.link.connect_timeout_s
         try:
-            with anyio.fail_after(self.link.connect_timeout_s):
+            with anyio.fail_after(timeout):
                 await tg.start(self.run)
         except WrongRole:
             raise  # not a control plane out of reach: one that refuses to serve this token every stop
+        except TimeoutError as exc:
+            why = f"not listening ({describe(self._not_up)})" if self._not_up else describe(exc)
+            raise ControlUnreachable(
+                f"control plane {self.url} did not replay its stops within {timeout:g} s: {why}"
+            ) from exc
         except Exception as exc:
             raise ControlUnreachable(
                 f"control plane {self.url} did not replay its stops: {describe(exc)}"

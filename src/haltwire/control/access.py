@@ -82,7 +82,7 @@ def reads_every_stop(role: str) -> bool:
 
 def _unauthenticated(reason: str) -> Refused:
     said = refusal.unauthenticated(reason)
-    return Refused(401, said.code, said.message)
+    return Refused(401, said.code, refusal.for_people(said))
 
 
 def authenticate(plane: Plane, authorization: str | None) -> Caller:

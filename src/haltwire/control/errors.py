@@ -32,10 +32,10 @@ class Refused(Exception):
 
 
 def stopped_by(hit: Stopped) -> Refused:
-    """409 ``stopped``: an active stop matches (the same sentence as at the gateway)."""
+    """409 ``stopped``: an active stop matches (the gateway's sentence, without its words for a model)."""
     scope, stop = str(hit.scope), hit.stop
     said = refusal.stopped(scope, stop.stop_id, stop.reason)
-    return Refused(409, "stopped", said.message, scope=scope, stop_id=stop.stop_id, reason=stop.reason)
+    return Refused(409, "stopped", refusal.for_people(said), scope=scope, stop_id=stop.stop_id, reason=stop.reason)
 
 
 def invalid(message: str) -> Refused:

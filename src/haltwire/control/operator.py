@@ -23,7 +23,7 @@ import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx2
 
@@ -55,6 +55,10 @@ def _request(args: argparse.Namespace, method: str, path: str, body: Any = None,
         raise _Failed(
             EXIT_USAGE, "give the control plane's --url and --token (or HALTWIRE_CONTROL_URL, HALTWIRE_TOKEN)"
         )
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        hint = f"; did you mean http://{url}?" if "://" not in url else ""
+        raise _Failed(EXIT_USAGE, f"the control plane's URL {url!r} is not an http:// or https:// URL{hint}")
     headers = {"Authorization": f"Bearer {token}"}
     if key is None:
         return _answer(_send(url, args.timeout, method, path, body, headers))
@@ -144,9 +148,11 @@ def _audit(args: argparse.Namespace) -> None:
             return
         where = "" if result["first_bad_seq"] is None else f" at seq {result['first_bad_seq']}"
         raise _Failed(EXIT_REFUSED, f"audit log TAMPERED{where}: {result['problem']}")
-    target = args.target or (f"run:{args.run}" if args.run else None)
-    path = "/v1/audit" if target is None else f"/v1/audit?{httpx2.QueryParams({'target': target})}"
-    records = _request(args, "GET", path)["records"]
+    if args.run:  # the records about the run, as its report's timeline has them (one rule)
+        records = _request(args, "GET", f"/v1/runs/{quote(args.run, safe='')}/report")["timeline"]
+    else:
+        path = "/v1/audit" if args.target is None else f"/v1/audit?{httpx2.QueryParams({'target': args.target})}"
+        records = _request(args, "GET", path)["records"]
     if args.json:
         print(json.dumps(records, indent=2))
         return
@@ -382,7 +388,7 @@ def add_parsers(sub: Any) -> None:
         "--expect-head", default=None, metavar="SEQ:HASH", help="verify: a head held from earlier must still be there"
     )
     audit.add_argument("--target", default=None, help="only records for this target (a scope or stop id)")
-    audit.add_argument("--run", default=None, help="only records for run:ID")
+    audit.add_argument("--run", default=None, help="only the records about run ID (its report's timeline)")
     audit.add_argument("--json", action="store_true", help="print JSON")
     audit.set_defaults(func=_run(_audit))
 

@@ -10,7 +10,7 @@ how they ended; ``haltwire.control.calls``), and the model tokens and cost its g
 (``haltwire.control.operator``).
 
 A stop covers the run when it names one of the run's scopes (``run:``, ``agent:``,
-``tenant:``, ``version:``, ``global``); a stop that cancelled one of the run's intents through
+``tenant:``, ``version:``, ``global``) and was in force while the run lived; a stop that cancelled one of the run's intents through
 another scope (``tool:``) hit the run too, so it is listed as well. An agent sees only the
 stops it can see anywhere else (``access.visible_to``), and the records about those.
 """
@@ -103,6 +103,15 @@ def about_run(record: AuditRecord, run_id: str, intent_ids: set[str], stop_ids: 
     return record.target in stop_ids or (isinstance(stop_id, str) and stop_id in stop_ids)
 
 
+def _in_force_during(stop: StopRecord, run: RunRecord) -> bool:
+    """Whether ``stop`` was in force at some moment of the run's life: not cleared or expired
+    before the run registered, not issued after it ended (such a stop never hit it)."""
+    ended_before = [t for t in (stop.cleared_at, stop.expires_at) if t is not None]
+    if ended_before and min(ended_before) < run.registered_at:
+        return False
+    return run.ended_at is None or stop.issued_at <= run.ended_at
+
+
 async def report(plane: Plane, caller: Caller, run_id: str) -> RunReport:
     """The report of one run the caller may read."""
     run = await run_for(plane, caller, run_id, "run.report", audit=False)
@@ -113,7 +122,8 @@ async def report(plane: Plane, caller: Caller, run_id: str) -> RunReport:
     stops = [
         s
         for s in await stores.registry.all_stops()
-        if (s.scope in scopes or s.stop_id in cancelled_by) and await visible_to(plane, caller, s.scope)
+        if ((s.scope in scopes and _in_force_during(s, run)) or s.stop_id in cancelled_by)
+        and await visible_to(plane, caller, s.scope)
     ]
     stops.sort(key=lambda s: s.revision)
     intent_ids = {i.intent_id for i in intents}

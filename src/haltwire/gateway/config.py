@@ -14,6 +14,7 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from haltwire.config import (
     BearerToken,
+    ConfigError,
     ConfigModel,
     ControlLink,
     Label,
@@ -427,4 +428,9 @@ def load_config(path: str | Path) -> GatewayConfig:
     if records is not None and not records.is_absolute():
         idempotency = config.idempotency.model_copy(update={"path": p.parent / records})
         config = config.model_copy(update={"idempotency": idempotency})
+    # A file in a folder that is not there: the kill switch would never be read (nobody is ever
+    # suspended), the records never written. Said at start-up, not at the first call.
+    for key, file in (("gateway.suspended_file", config.gateway.suspended_file), ("idempotency.path", config.idempotency.path)):
+        if file is not None and not file.parent.is_dir():
+            raise ConfigError(f"{p}: {key}: the folder {file.parent} does not exist")
     return config

@@ -1,8 +1,9 @@
 """The kill switch file: a list of suspended identities, consulted on every call.
 
 The file is JSON, ``{"suspended": ["ops-bot", ...]}``, written by an operator, best with
-``haltwire suspend AGENT --file PATH`` (and ``unsuspend``), which replace it atomically. The gateway stats it on every call and re-reads it only when its
-inode, size or modification time changed, so the check costs one ``stat``.
+``haltwire suspend AGENT --config GATEWAY.toml`` (or ``--file PATH``; and ``unsuspend``), which
+replace it atomically. The gateway stats it on every call and re-reads it only when its inode,
+size or modification time changed, so the check costs one ``stat``.
 
 - Missing file: nobody is suspended.
 - Half-written or malformed file: keep the last list that parsed, and log it. Failing
@@ -79,8 +80,15 @@ def read_suspensions(path: str | Path) -> list[str]:
 
 
 def write_suspensions(path: str | Path, agents: list[str]) -> None:
-    """Write the kill switch atomically (write a temporary file, then rename over the old one)."""
+    """Write the kill switch atomically (write a temporary file, then rename over the old one).
+    Raises ``OSError`` with a sentence naming the file when it cannot be written."""
     target = Path(path)
+    if not target.parent.is_dir():
+        raise OSError(f"{target}: the folder {target.parent} does not exist")
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"suspended": sorted(set(agents))}))
-    os.replace(tmp, target)
+    try:
+        tmp.write_text(json.dumps({"suspended": sorted(set(agents))}))
+        os.replace(tmp, target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OSError(f"{target}: cannot write the kill switch: {exc.strerror or exc}") from None

@@ -29,7 +29,7 @@ from mcp_types import CONNECTION_CLOSED
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from haltwire.config import UpstreamConfig
-from haltwire.errors import describe
+from haltwire.errors import describe, not_listening
 from haltwire.meta import LABEL_META
 from haltwire.upstreams.http import (
     CLIENT_INFO,
@@ -55,6 +55,8 @@ __all__ = [
 log = logging.getLogger("haltwire.upstreams")
 
 RECONNECT_MAX_S = 10.0
+#: At start-up, an upstream not listening yet is tried again at least this often.
+START_RETRY_MAX_S = 1.0
 
 #: The SDK client's HTTP timeouts; a call's own deadline bounds the wait for its answer.
 HTTP_TIMEOUT: Final = httpx2.Timeout(30.0, read=None)
@@ -84,6 +86,8 @@ class Upstream:
         self._client: Client | None = None
         self._modern: ModernHttpCaller | None = None
         self.tools: list[types.Tool] = []
+        #: Why the last attempt to start failed, while the upstream is not listening yet.
+        self._not_up: Exception | None = None
 
     @property
     def connected(self) -> bool:
@@ -118,13 +122,14 @@ class Upstream:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Own the upstream's client for the gateway's lifetime (a task of ``Upstreams.connect``).
 
-        Reports started once the tools are listed. If the connection dies later, calls to
+        Reports started once the tools are listed; an HTTP upstream not listening yet is tried
+        again until ``start`` gives up (its ``connect_timeout_s``). If the connection dies later, calls to
         this upstream are refused as ``upstream_unavailable`` while this task reconnects,
         with a backoff of up to ``RECONNECT_MAX_S``; the gateway itself never crashes.
         (Calls on the lean HTTP path need no connection to be kept: each one that cannot
         reach the upstream is refused, and the next one tries again.)
         """
-        delay = 0.5
+        delay = 0.1
         while True:
             try:
                 async with AsyncExitStack() as stack:
@@ -135,22 +140,32 @@ class Upstream:
                     delay = 0.5
                     await anyio.sleep_forever()
             except Exception as exc:
-                if task_status is not anyio.TASK_STATUS_IGNORED:
+                starting = task_status is not anyio.TASK_STATUS_IGNORED
+                if starting and (self.config.url is None or not not_listening(exc)):
                     raise  # never started: a start-up error for the caller
-                log.error(
-                    "upstream %s went away (%s); reconnecting in %.1f s", self.name, describe(exc), delay
-                )
+                if starting:
+                    # Not listening yet: waited for, until ``start``'s connect_timeout_s runs out.
+                    self._not_up = exc
+                else:
+                    log.error(
+                        "upstream %s went away (%s); reconnecting in %.1f s", self.name, describe(exc), delay
+                    )
             finally:
                 self._client = None
                 self._modern = None
             await anyio.sleep(delay)
-            delay = min(delay * 2, RECONNECT_MAX_S)
+            starting = task_status is not anyio.TASK_STATUS_IGNORED
+            delay = min(delay * 2, START_RETRY_MAX_S if starting else RECONNECT_MAX_S)
 
     async def start(self, tg: anyio.abc.TaskGroup) -> None:
         where = self.config.url or " ".join(self.config.command or [])
+        timeout = self.config.connect_timeout_s
         try:
-            with anyio.fail_after(self.config.connect_timeout_s):
+            with anyio.fail_after(timeout):
                 await tg.start(self.run)
+        except TimeoutError as exc:
+            why = f"not listening ({describe(self._not_up)})" if self._not_up else describe(exc)
+            raise UpstreamError(f"upstream {self.name!r} ({where}) did not start within {timeout:g} s: {why}") from exc
         except Exception as exc:
             raise UpstreamError(f"upstream {self.name!r} ({where}) did not start: {describe(exc)}") from exc
 
