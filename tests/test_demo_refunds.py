@@ -132,6 +132,9 @@ def test_fifty_runs_are_each_capped_at_exactly_five_refunds_and_the_report_match
 def test_one_run_prints_the_timeline_the_report_the_ledger_and_the_reversal_script(tmp_path: Path) -> None:
     done = demo("--keep", str(tmp_path), timeout=100)
     assert done.returncode == 0, done.stderr[-3000:]
+    # Progress on stderr while the long steps run.
+    for step in ("starting the stack", "stack up in", "run 1/1: 5 refunds, as expected", "replaying"):
+        assert f"haltwire demo refunds: {step}" in done.stderr, done.stderr
     text = done.stdout
     for line in (
         "prompt injection read",

@@ -48,6 +48,11 @@ from haltwire.demo.refunds_stack import PER_RUN, running_stack
 from haltwire.tripwires.backtest import MalformedLog
 
 
+def _progress(text: str) -> None:
+    """A long step as it happens, on stderr (stdout is the results, JSON with ``--json``)."""
+    print(f"haltwire demo refunds: {text}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="haltwire demo refunds",
@@ -69,11 +74,14 @@ def main(argv: list[str]) -> int:
         parser.error("--runs must be at least 1")
     began = time.monotonic()
     try:
+        _progress("starting the stack: control plane, shop, gateway, executor, on-call (about 20 s)")
         with running_stack(tenants=args.runs) as stack:
             started_s = time.monotonic() - began
-            results = anyio.run(run_all, stack, args.runs)
+            _progress(f"stack up in {started_s:.1f} s; {args.runs} run{'s' if args.runs > 1 else ''} of the support agent")
+            results = anyio.run(run_all, stack, args.runs, _progress)
             total = len(httpx2.get(f"{stack.shop_url}/ledger", timeout=10).json()["refunds"])
             stack.stop_gateway()  # its call log's last records are written at shutdown
+            _progress("replaying the gateway's call log through its tripwires")
             replayed = anyio.run(backtest, stack.gateway_toml, stack.call_log, [r.run_id for r in results])
             kept = keep(stack.gateway_toml, stack.call_log, args.keep) if args.keep else None
     except StackFailed as exc:

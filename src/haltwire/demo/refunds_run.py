@@ -10,6 +10,7 @@ from the last checkpoint. ``deviations`` says where the run differs from the see
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -267,7 +268,8 @@ def page_deviations(r: RunResult) -> list[str]:
     return out
 
 
-async def run_all(stack: Stack, runs: int) -> list[RunResult]:
+async def run_all(stack: Stack, runs: int, progress: Callable[[str], None] = lambda _: None) -> list[RunResult]:
+    """Every run, one after the other; ``progress`` is told of each as it ends."""
     results = []
     for n in range(1, runs + 1):
         stack.processes.check_alive()
@@ -275,4 +277,6 @@ async def run_all(stack: Stack, runs: int) -> list[RunResult]:
             results.append(await one_run(stack, n))
         except Exception as exc:  # a run that raises or hangs is a deviation, not a crash
             results.append(RunResult(n, deviations=[f"the run failed: {type(exc).__name__}: {exc}"]))
+        r = results[-1]
+        progress(f"run {n}/{runs}: {len(r.ledger)} refunds, {'as expected' if not r.deviations else 'DEVIATES'}")
     return results
