@@ -4,6 +4,7 @@ by uvicorn on loopback, optionally with a control plane; and the official ``open
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+import anyio
 import httpx2
 import openai
 from starlette.types import Receive, Scope, Send
@@ -25,6 +27,7 @@ from haltwire.gateway.app import GatewayApp
 from haltwire.gateway.config import parse_config
 from haltwire.identity import Identity
 from haltwire.serve import serving
+from haltwire.tokens import LeaseClaims, LeaseKeys
 from harness import TOKENS, config_dict, running_upstream
 from model_provider import ScriptedProvider
 
@@ -136,3 +139,31 @@ async def model_stack(
         finally:
             for client in built.clients:
                 await client.close()
+
+
+async def refused(
+    s: Stack, agent: str = "ops-bot", model: str = "gpt-test", **headers: str
+) -> dict[str, Any] | None:
+    """The error body of one whole chat call to ``model`` (no retries), or None when it was served."""
+    try:
+        await s.client(agent, max_retries=0, default_headers=headers).chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}]
+        )
+    except openai.APIStatusError as exc:
+        assert isinstance(exc.body, dict)
+        return exc.body
+    return None
+
+
+async def until_refused(s: Stack, code: str, agent: str = "ops-bot", model: str = "gpt-test") -> None:
+    """Wait (5 s at most) until a call to ``model`` is refused ``code``: a stop has reached the gateway."""
+    with anyio.fail_after(5):
+        while ((await refused(s, agent, model)) or {}).get("code") != code:
+            await anyio.sleep(0.05)
+
+
+def lease_token(run: str) -> str:
+    """A lease for ops-bot's ``run``, signed with the key of ``[leases]`` ``LEASE_SECRET``."""
+    now = time.time()
+    keys = LeaseKeys({"k1": LEASE_SECRET.encode()}, signing="k1")
+    return keys.sign(LeaseClaims(run, OPS.agent, OPS.tenant, OPS.version, 0, now, now + 60))

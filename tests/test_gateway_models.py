@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +22,18 @@ from haltwire.gateway.config import parse_config
 from haltwire.gateway.killswitch import write_suspensions
 from haltwire.gateway.usage import Usage
 from haltwire.runtime import ControlClient, Lease
-from haltwire.tokens import LeaseClaims, LeaseKeys
 from harness import TOKENS, config_dict
 from model_provider import chat_events
-from models_harness import LEASE_SECRET, OPS, PROVIDER_KEY, Stack, model_stack
+from models_harness import (
+    LEASE_SECRET,
+    OPS,
+    PROVIDER_KEY,
+    Stack,
+    lease_token,
+    model_stack,
+    refused,
+    until_refused,
+)
 from redis_process import shared_prefix
 
 pytestmark = pytest.mark.anyio
@@ -222,24 +229,6 @@ async def _wait(event: anyio.Event, within: float = 5.0) -> None:
 # -- stops, leases and ceilings (a control plane on loopback) ---------------------------------------
 
 
-async def _refused(s: Stack, agent: str = "ops-bot", **headers: str) -> dict[str, Any] | None:
-    """The error body of one whole chat call (no retries), or None when it was served."""
-    try:
-        await s.client(agent, max_retries=0, default_headers=headers).chat.completions.create(
-            model="gpt-test", messages=MESSAGES
-        )
-    except openai.APIStatusError as exc:
-        assert isinstance(exc.body, dict)
-        return exc.body
-    return None
-
-
-async def _until_refused(s: Stack, code: str, agent: str = "ops-bot") -> None:
-    with anyio.fail_after(5):
-        while ((await _refused(s, agent)) or {}).get("code") != code:
-            await anyio.sleep(0.05)
-
-
 @pytest.mark.parametrize("path", [CHAT, RESPONSES])
 async def test_a_stop_refuses_model_calls_of_its_scope_once_and_a_tool_stop_does_not(
     tmp_path: Path, path: str
@@ -247,7 +236,7 @@ async def test_a_stop_refuses_model_calls_of_its_scope_once_and_a_tool_stop_does
     async with model_stack(tmp_path, control=True) as s:
         tool_stop = await s.stop("tool:lookup_order")
         stop = await s.stop("agent:ops-bot", "refund storm")
-        await _until_refused(s, "stopped")
+        await until_refused(s, "stopped")
         before = dict(s.counted.requests)
         for stream in (False, True):
             with pytest.raises(openai.PermissionDeniedError) as caught:
@@ -266,10 +255,10 @@ async def test_a_stop_refuses_model_calls_of_its_scope_once_and_a_tool_stop_does
             assert body["retryable"] is False and body["type"] == "haltwire_refusal"
             assert caught.value.response.headers["x-should-retry"] == "false"
         assert s.counted.requests[path] - before.get(path, 0) == 2  # one request each: no retry
-        assert await _refused(s, "billing-bot") is None  # another agent; the tool stop is no model stop
+        assert await refused(s, "billing-bot") is None  # another agent; the tool stop is no model stop
         await s.clear(stop["stop_id"])
         with anyio.fail_after(5):
-            while await _refused(s) is not None:
+            while await refused(s) is not None:
                 await anyio.sleep(0.05)
         await s.clear(tool_stop["stop_id"])
 
@@ -300,7 +289,7 @@ async def test_a_stop_cuts_an_open_stream_and_the_provider_sees_the_close(tmp_pa
         assert len(s.app.gateway.inflight or ()) == 0
         await s.clear(stop["stop_id"])
         with anyio.fail_after(5):  # the slot was given back: the one allowed call is served
-            while await _refused(s) is not None:
+            while await refused(s) is not None:
                 await anyio.sleep(0.05)
 
 
@@ -313,30 +302,24 @@ async def test_a_client_that_hangs_up_closes_the_providers_stream(tmp_path: Path
         await _wait(s.provider.on(CHAT)[-1].disconnected)
 
 
-def _lease(run: str) -> str:
-    now = time.time()
-    keys = LeaseKeys({"k1": LEASE_SECRET.encode()}, signing="k1")
-    return keys.sign(LeaseClaims(run, OPS.agent, OPS.tenant, OPS.version, 0, now, now + 60))
-
-
 async def test_a_model_call_needs_a_lease_names_its_run_and_a_run_stop_refuses_it(tmp_path: Path) -> None:
     leases = {"keys": [{"kid": "k1", "secret": LEASE_SECRET}]}
     async with model_stack(tmp_path, control=True, leases=leases) as s:
-        missing = await _refused(s)
+        missing = await refused(s)
         assert missing is not None and missing["code"] == "lease_invalid"
-        lease = {"Haltwire-Lease": _lease("run-7")}
-        assert await _refused(s, **lease) is None
+        lease = {"Haltwire-Lease": lease_token("run-7")}
+        assert await refused(s, **lease) is None
         assert "haltwire-lease" not in s.provider.seen[-1].headers
         assert s.app.models is not None
         counts = await s.app.models.usage.read(OPS, "run-7")
         assert counts["run"] == Usage(11, 3)  # no price: no money counted
         stop = await s.stop("run:run-7")
         with anyio.fail_after(5):
-            while ((await _refused(s, **lease)) or {}).get("code") != "stopped":
+            while ((await refused(s, **lease)) or {}).get("code") != "stopped":
                 await anyio.sleep(0.05)
-        refused = await _refused(s, **lease)
-        assert refused is not None and refused["stop_id"] == stop["stop_id"]
-        assert await _refused(s, **{"Haltwire-Lease": _lease("run-8")}) is None  # another run
+        said = await refused(s, **lease)
+        assert said is not None and said["stop_id"] == stop["stop_id"]
+        assert await refused(s, **{"Haltwire-Lease": lease_token("run-8")}) is None  # another run
 
 
 async def test_a_model_call_is_one_step_of_the_budget_refused_once_past_it(tmp_path: Path) -> None:

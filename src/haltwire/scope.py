@@ -1,7 +1,7 @@
 """Scopes: what a stop covers, and the set of scopes one tool call belongs to.
 
-A scope is written ``KIND:VALUE``: ``run:ID``, ``tenant:ID``, ``tool:NAME``, ``agent:ID``,
-``version:AGENT@VERSION``, or plain ``global``. A call belongs to one scope of each kind
+A scope is written ``KIND:VALUE``: ``run:ID``, ``tenant:ID``, ``tool:NAME``, ``model:NAME``,
+``agent:ID``, ``version:AGENT@VERSION``, or plain ``global``. A call belongs to one scope of each kind
 it has (its run only when the run is known), and a stop matches the call when the stop's
 scope is in that set. Matching is a set lookup per call, however many stops are active.
 """
@@ -15,7 +15,7 @@ from typing import Final, Generic, Literal, TypeVar, get_args
 from haltwire.identity import Identity
 from haltwire.limits import MAX_SCOPE_CHARS, has_control_characters
 
-ScopeKind = Literal["run", "tenant", "tool", "agent", "version", "global"]
+ScopeKind = Literal["run", "tenant", "tool", "model", "agent", "version", "global"]
 KINDS: Final[tuple[str, ...]] = get_args(ScopeKind)
 
 
@@ -40,7 +40,7 @@ class Scope:
         kind, sep, value = text.partition(":")
         if not sep or kind not in KINDS or kind == "global":
             raise ScopeError(
-                f"{text!r} is not a scope: use run:ID, tenant:ID, tool:NAME, agent:ID, "
+                f"{text!r} is not a scope: use run:ID, tenant:ID, tool:NAME, model:NAME, agent:ID, "
                 "version:AGENT@VERSION or global"
             )
         if not value.strip() or value != value.strip():
@@ -58,11 +58,13 @@ class Scope:
 GLOBAL: Final = Scope("global")
 
 
-def call_scopes(identity: Identity, tool: str | None, run: str | None = None) -> frozenset[Scope]:
+def call_scopes(
+    identity: Identity, tool: str | None, run: str | None = None, model: str | None = None
+) -> frozenset[Scope]:
     """Every scope a call by ``identity`` to ``tool`` (in ``run``, when known) belongs to.
 
-    ``tool`` None: a call to no tool (a model call through the gateway), which no ``tool:`` stop
-    reaches."""
+    A model call through the gateway calls no tool (``tool`` None: no ``tool:`` stop reaches
+    it) but ``model``, the model it asks for (``model:NAME``)."""
     scopes = {
         GLOBAL,
         Scope("agent", identity.agent),
@@ -71,14 +73,16 @@ def call_scopes(identity: Identity, tool: str | None, run: str | None = None) ->
     }
     if tool is not None:
         scopes.add(Scope("tool", tool))
+    if model is not None:
+        scopes.add(Scope("model", model))
     if run is not None:
         scopes.add(Scope("run", run))
     return frozenset(scopes)
 
 
 def run_scopes(run: str, agent: str, tenant: str, version: str) -> frozenset[Scope]:
-    """The scopes a stop must name to end a run (never tool scopes: a tool stop refuses calls
-    to the tool, it ends no run)."""
+    """The scopes a stop must name to end a run (never tool or model scopes: such a stop
+    refuses calls to the tool or model, it ends no run)."""
     return frozenset(
         {
             GLOBAL,
@@ -97,10 +101,11 @@ class ScopeIndex(Generic[StopT]):
     """Active stops by scope. ``match`` answers the first stop covering a call's scopes.
 
     When several stops cover one call, the broadest wins (global, then tenant, version,
-    agent, tool, run), so the refusal names the stop an operator is most likely to clear last.
+    agent, tool or model, run), so the refusal names the stop an operator is most likely to
+    clear last.
     """
 
-    _ORDER: Final = ("global", "tenant", "version", "agent", "tool", "run")
+    _ORDER: Final = ("global", "tenant", "version", "agent", "tool", "model", "run")
 
     def __init__(self, stops: Mapping[Scope, StopT] | Iterable[tuple[Scope, StopT]] = ()) -> None:
         self._by_scope: dict[Scope, StopT] = dict(stops)

@@ -11,9 +11,10 @@ it and only maps its answer to its own wire type. For a set of scopes and, for a
 credential, the registry revision its grant was checked at (its generation), it answers:
 
 1. ``Stopped``: the broadest active stop on one of the scopes (global, tenant, version, agent,
-   tool, run), so the refusal names the stop an operator is most likely to clear last;
+   tool or model, run), so the refusal names the stop an operator is most likely to clear last;
 2. ``Fenced``: no active stop, but a stop issued after the grant on a scope that can end a run
-   (never a tool scope: a tool stop refuses calls to the tool, it ends no run), cleared or not,
+   (never a tool or model scope: such a stop refuses calls to the tool or model, it ends no
+   run), cleared or not,
    so a grant from before a stop stays refused after the stop is cleared;
 3. None: go ahead. With no active stop and nothing issued since the grant this costs two
    comparisons, and the scopes are not even built.
@@ -136,7 +137,7 @@ class StopSet:
         if hit is not None:
             return Stopped(*hit)
         if generation is not None:
-            fence = self.fence(frozenset(s for s in wanted if s.kind != "tool"))
+            fence = self.fence(frozenset(s for s in wanted if s.kind not in ("tool", "model")))
             if fence > generation:
                 return Fenced(fence, generation)
         return None

@@ -37,6 +37,7 @@ _SCOPE_FLAGS = (
     ("--run", "run", "ID", "every call in one run"),
     ("--tenant", "tenant", "ID", "every run of a tenant"),
     ("--tool", "tool", "NAME", "every call to one tool, by anyone"),
+    ("--model", "model", "NAME", "every call to one model through the gateways, by anyone"),
     ("--agent", "agent", "ID", "one agent identity"),
     ("--version", "version", "AGENT@VERSION", "one agent version"),
 )

@@ -18,7 +18,7 @@ from haltwire.config import ConfigError, ConfigModel
 PageEvent = Literal["stop", "escalation", "shadow"]
 Severity = Literal["critical", "error", "warning", "info"]
 #: The scope kinds a ``[[notify]]`` entry's ``scopes`` may name (or a whole scope, ``tenant:acme``).
-SCOPE_KINDS: Final = ("run", "tenant", "tool", "agent", "version", "global")
+SCOPE_KINDS: Final = ("run", "tenant", "tool", "model", "agent", "version", "global")
 PAGE_EVENTS: Final[tuple[PageEvent, ...]] = ("stop", "escalation", "shadow")
 SEVERITY: Final[dict[PageEvent, Severity]] = {
     "stop": "critical",

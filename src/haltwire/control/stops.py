@@ -134,8 +134,9 @@ async def record(
     await plane.audit(
         caller, "stop.issue", stop.scope, "ok", stop.reason, stop_id=stop.stop_id, change=ref, **detail
     )
-    if stop.expires_at is None or stop.expires_at > now:  # issued already expired: it stops nothing
-        scope_ = Scope.parse(stop.scope)
+    scope_ = Scope.parse(stop.scope)
+    # Issued already expired, it stops nothing; a model stop stops model calls, never an intent.
+    if (stop.expires_at is None or stop.expires_at > now) and scope_.kind != "model":
         cancelled = await plane.open.intents.cancel_for_stop(scope_, stop.stop_id, now)
         await audit_cancelled(plane, caller, scope_, stop.stop_id, cancelled)
     rule = detail.get("rule") or (caller.name if caller.role == "tripwire" else None)  # a tripwire's stop names it

@@ -64,14 +64,14 @@ class Call:
     refusal: Refusal | None = None
     stop_id: str | None = None
     stopped_at: float | None = None
-    #: A model call (``haltwire.gateway.model_calls``): ``tool`` is ``model:NAME``, which names it
-    #: in the run report, but no ``tool:`` stop reaches it.
-    model: bool = False
+    #: A model call's model (``haltwire.gateway.model_calls``): ``tool`` is ``model:NAME``, which
+    #: names it in the run report; ``model:`` stops reach it, ``tool:`` stops do not.
+    model: str | None = None
 
     @property
     def scoped_tool(self) -> str | None:
         """The tool whose ``tool:`` stops reach this call (None for a model call)."""
-        return None if self.model else self.tool
+        return None if self.model is not None else self.tool
 
 
 class InFlight:
@@ -88,12 +88,13 @@ class InFlight:
         return len(self._calls)
 
     def start(
-        self, identity: Identity, tool: str, label: Label, lease: LeaseClaims | None, *, model: bool = False
+        self, identity: Identity, tool: str, label: Label, lease: LeaseClaims | None, *, model: str | None = None
     ) -> Call | Refusal:
         """Register a call about to reach its upstream, or the refusal of a stop applied since its
         own check (the ceilings' admission may have waited on Redis): then nothing reached it.
-        ``model``: a model call (``tool`` is ``model:NAME``; no ``tool:`` stop reaches it)."""
-        stopped = verdict_refusal(self.watch, identity, None if model else tool, lease)
+        ``model``: a model call's model (``tool`` is ``model:NAME``; ``model:`` stops reach it,
+        no ``tool:`` stop does)."""
+        stopped = verdict_refusal(self.watch, identity, None if model is not None else tool, lease, model)
         if stopped is not None:
             return stopped
         call = Call(identity, tool, label, lease, self._clock(), model=model)
@@ -136,7 +137,7 @@ class InFlight:
         for call in list(self._calls):
             if call.stop_id is not None:
                 continue  # an earlier stop reached it already
-            refusal = verdict_refusal(self.watch, call.identity, call.scoped_tool, call.lease)
+            refusal = verdict_refusal(self.watch, call.identity, call.scoped_tool, call.lease, call.model)
             if refusal is None:
                 continue
             call.refusal, call.stopped_at = refusal, now

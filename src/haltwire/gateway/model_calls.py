@@ -9,8 +9,8 @@ the gateway. A model call takes the tool call's pipeline, by the same code, in t
    by the strict JSON parser; here, a body that is not an object naming a ``model`` (422);
 1. ``Gateway.screen`` (``haltwire.gateway.proxy``, steps 5 to 5c): the kill switch, the lease
    (``Haltwire-Lease`` header; a broker credential stands for it), the stops on every scope of
-   the call (global, tenant, version, agent, and its run; never a ``tool:`` stop) and the
-   lease's fence, the tripwires' latch;
+   the call (global, tenant, version, agent, its run, and ``model:NAME`` for the model it asks
+   for; never a ``tool:`` stop) and the lease's fence, the tripwires' latch;
 2. the route: the model name to its provider (``haltwire.gateway.models``), else
    ``unknown_model`` (404);
 3. ``Ceilings.admit`` as a call to ``model:NAME`` (``model:PREFIX*`` for a model routed by a
@@ -180,7 +180,7 @@ class ModelCalls:
         lease_header = None
         if gateway.leases is not None:
             lease_header = next((v.decode("latin-1") for k, v in scope["headers"] if k == LEASE_HEADER.encode()), None)
-        screened = gateway.screen(identity, None, None, lease_header, credential)
+        screened = gateway.screen(identity, None, None, lease_header, credential, model)
         if isinstance(screened, Refusal):
             await respond(send, screened)
             return
@@ -191,7 +191,6 @@ class ModelCalls:
             await respond(send, refusal.unknown_model(model))
             return
         provider, limited_as = routed
-        name = f"model:{model}"  # in the run report
         ticket = await gateway.ceilings.admit(identity, f"model:{limited_as}", run)
         if isinstance(ticket, Refusal):
             await respond(send, ticket)
@@ -205,7 +204,7 @@ class ModelCalls:
             body = json.dumps({**request, "stream_options": options}, separators=(",", ":")).encode()
         relay = _Relay(send, path, strip_usage)
         try:
-            await self._call(identity, lease, name, provider, path, scope, receive, body, relay, ticket.deadline_s)
+            await self._call(identity, lease, model, provider, path, scope, receive, body, relay, ticket.deadline_s)
         finally:
             with anyio.move_on_after(RELEASE_TIMEOUT_S, shield=True):
                 try:
@@ -225,7 +224,7 @@ class ModelCalls:
         self,
         identity: Identity,
         lease: LeaseClaims | None,
-        name: str,
+        model: str,
         provider: Provider,
         path: str,
         scope: Scope,
@@ -235,7 +234,8 @@ class ModelCalls:
         deadline_s: float,
     ) -> None:
         inflight = self.gateway.inflight
-        call = None if inflight is None else inflight.start(identity, name, "cancellable", lease, model=True)
+        name = f"model:{model}"  # in the run report
+        call = None if inflight is None else inflight.start(identity, name, "cancellable", lease, model=model)
         if isinstance(call, Refusal):
             await relay.refuse(call)  # a stop since the screen: nothing reached the provider
             return

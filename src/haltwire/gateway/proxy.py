@@ -203,11 +203,13 @@ class Gateway:
         meta: dict[str, Any] | None,
         lease_header: str | None,
         credential: LeaseClaims | None,
+        model: str | None = None,
     ) -> tuple[LeaseClaims | None, dict[str, Any] | None] | Refusal:
         """Steps 5 to 5c, before anything is routed or counted: the kill switch, the lease, the
-        stops, the tripwires' latch. The one rule for a tool call and a model call (``tool`` None,
-        ``haltwire.gateway.model_calls``: no ``tool:`` stop reaches it). Answers the call's lease
-        (None: in no run) and ``meta`` without the lease token, or the refusal."""
+        stops, the tripwires' latch. The one rule for a tool call and a model call (``tool`` None
+        and the ``model`` asked for, ``haltwire.gateway.model_calls``: ``model:`` stops reach it,
+        no ``tool:`` stop does). Answers the call's lease (None: in no run) and ``meta`` without
+        the lease token, or the refusal."""
         if self.suspensions.is_suspended(identity.agent):
             return refusal.agent_suspended(identity.agent)
         lease: LeaseClaims | None = credential
@@ -225,7 +227,7 @@ class Gateway:
         run = lease.run if lease is not None else None
         if (entry := CURRENT.get() if self.call_log is not None else None) is not None:
             entry.run = run
-        if self.stops is not None and (stopped := stop_refusal(self.stops, identity, tool, lease)) is not None:
+        if self.stops is not None and (stopped := stop_refusal(self.stops, identity, tool, lease, model)) is not None:
             return stopped  # before routing and ceilings: a stopped call consumes nothing
         if entry is not None:
             entry.stage = "latch"

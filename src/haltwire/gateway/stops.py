@@ -4,7 +4,7 @@ In this order, before anything is routed or counted:
 
 1. the watch must be current (heard from within ``staleness_s``): else ``registry_unreachable``,
    for every call, since a gateway that cannot hear stops must not serve;
-2. ``StopSet.verdict`` for the call's scopes (agent, tenant, version, tool, global, and its run
+2. ``StopSet.verdict`` for the call's scopes (agent, tenant, version, tool or model, global, and its run
    when a lease or credential names one) and the grant's generation: an active stop is
    ``stopped``; a stop on the run's scopes since the grant is ``lease_invalid`` (the run must
    get a new lease or credential, even once the stop is cleared).
@@ -26,22 +26,30 @@ from haltwire.watch import StopWatch
 
 
 def stop_refusal(
-    watch: StopWatch, identity: Identity, tool: str | None, lease: LeaseClaims | None
+    watch: StopWatch,
+    identity: Identity,
+    tool: str | None,
+    lease: LeaseClaims | None,
+    model: str | None = None,
 ) -> Refusal | None:
-    """The refusal for this call, or None (see the module's docstring). ``tool`` None: a model
-    call, which belongs to every scope a tool call does but a tool's."""
+    """The refusal for this call, or None (see the module's docstring). A model call names no
+    ``tool`` but the ``model`` it asks for (``scope.call_scopes``)."""
     if not watch.current():
         return refusal.registry_unreachable(watch.link.staleness_s)
-    return verdict_refusal(watch, identity, tool, lease)
+    return verdict_refusal(watch, identity, tool, lease, model)
 
 
 def verdict_refusal(
-    watch: StopWatch, identity: Identity, tool: str | None, lease: LeaseClaims | None
+    watch: StopWatch,
+    identity: Identity,
+    tool: str | None,
+    lease: LeaseClaims | None,
+    model: str | None = None,
 ) -> Refusal | None:
     """Step 2 alone: whether the stops held stop this call (a call in flight is judged by it too)."""
     run = lease.run if lease is not None else None
     generation = lease.generation if lease is not None else None
-    verdict = watch.stops.verdict(lambda: call_scopes(identity, tool, run), watch.clock(), generation)
+    verdict = watch.stops.verdict(lambda: call_scopes(identity, tool, run, model), watch.clock(), generation)
     return None if verdict is None else _refusal(verdict)
 
 
