@@ -4,6 +4,7 @@ by uvicorn on loopback, optionally with a control plane; and the official ``open
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -25,6 +26,7 @@ from haltwire.gateway.app import GatewayApp
 from haltwire.gateway.config import parse_config
 from haltwire.identity import Identity
 from haltwire.serve import serving
+from haltwire.tokens import LeaseClaims, LeaseKeys
 from harness import TOKENS, config_dict, running_upstream
 from model_provider import ScriptedProvider
 
@@ -36,6 +38,7 @@ HEARTBEAT_S: Final = 0.2
 STALENESS_S: Final = 1.0
 #: A lease key for gateways that verify leases (``[leases]``), and the run its tokens name.
 LEASE_SECRET: Final = "k1-" + "m" * 40
+LEASES: Final = {"keys": [{"kid": "k1", "secret": LEASE_SECRET}]}
 
 
 class Counted:
@@ -81,6 +84,13 @@ class Stack:
         async with httpx2.AsyncClient(base_url=self.control, timeout=10) as http:
             r = await http.post(f"/v1/stops/{stop_id}/clear", json={"reason": "ok"}, headers=self.operator)
         assert r.status_code == 200, r.text
+
+
+def lease_token(run: str, identity: Identity = OPS) -> str:
+    """A lease for ``run`` signed with ``LEASE_SECRET`` (``LEASES``, a gateway's ``[leases]``)."""
+    now = time.time()
+    keys = LeaseKeys({"k1": LEASE_SECRET.encode()}, signing="k1")
+    return keys.sign(LeaseClaims(run, identity.agent, identity.tenant, identity.version, 0, now, now + 60))
 
 
 def models_section(provider_url: str, prices: dict[str, Any] | None = None) -> list[dict[str, Any]]:

@@ -42,6 +42,7 @@ import contextlib
 import json
 import logging
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import anyio
@@ -63,17 +64,21 @@ from haltwire.gateway.models import (
     returned_headers,
 )
 from haltwire.gateway.outcomes import CallReports, Outcome
-from haltwire.gateway.proxy import RELEASE_TIMEOUT_S, Gateway
+from haltwire.gateway.proxy import FAILED, RELEASE_TIMEOUT_S, Gateway, released
 from haltwire.gateway.usage import Tokens, Usage, UsageCounts, answer_tokens, event_tokens, wants_usage
 from haltwire.gateway.wire import BodyTooLarge, read_body
 from haltwire.identity import Identity
 from haltwire.limits import MAX_NAME_CHARS, has_control_characters
 from haltwire.meta import LEASE_HEADER
 from haltwire.refusal import Refusal
-from haltwire.store.counters import CountersUnavailable
 from haltwire.tokens import LeaseClaims
+from haltwire.tripwires.calllog import CURRENT, reached
+from haltwire.tripwires.usage import Spent
 
 log = logging.getLogger("haltwire.gateway")
+
+#: What the tripwires judge a model call the provider answered (200) by: a result, no error.
+SERVED: Final[dict[str, Any]] = {"isError": False, "content": []}
 
 _SEQUENCE: Final = re.compile(rb'"sequence_number"\s*:\s*(\d+)')
 
@@ -97,8 +102,31 @@ class _Relay:
         self.status = 0
         self.tokens: Tokens | None = None
         self.sequence: int | None = None
+        #: Stream events relayed that carry a delta (about one output token each).
+        self.deltas = 0
+        #: Told the usage once it is read, before what carried it is relayed (then unset).
+        self.on_tokens: Callable[[Tokens], Awaitable[None]] | None = None
+        #: Told a whole answer's status before it is relayed.
+        self.on_whole: Callable[[int], Awaitable[None]] | None = None
+
+    async def _counted(self) -> None:
+        hook, self.on_tokens = self.on_tokens, None
+        if hook is not None and self.tokens is not None:
+            await hook(self.tokens)
+
+    def estimate(self, request_bytes: int) -> Tokens | None:
+        """A stream that ended without its usage (cut by a stop, the deadline or the client, or
+        broken off): counted from what was relayed, one output token per delta event and one
+        input token per 4 bytes of the request (an estimate: the provider bills its own count)."""
+        if not self.started or self.status != 200 or not self.deltas:
+            return None
+        return Tokens(-(-request_bytes // 4), self.deltas)
 
     async def whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        if self.on_tokens is not None:
+            await self._counted()
+        if self.on_whole is not None:
+            await self.on_whole(status)
         self.started, self.status = True, status
         headers = [*headers, (b"content-length", str(len(body)).encode())]
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
@@ -114,6 +142,8 @@ class _Relay:
         is a write to the client's socket."""
         kept = []
         for event in events:
+            if b'delta"' in event:
+                self.deltas += 1
             if self.path == "/v1/responses" and (m := _SEQUENCE.search(event)) is not None:
                 self.sequence = int(m.group(1))
             if b'"usage"' in event:
@@ -123,6 +153,8 @@ class _Relay:
                 if usage_only and self.strip_usage:
                     continue
             kept.append(event)
+        if self.on_tokens is not None and self.tokens is not None:
+            await self._counted()
         if kept:
             await self.send({"type": "http.response.body", "body": b"".join(kept), "more_body": True})
 
@@ -176,6 +208,38 @@ class ModelCalls:
             await respond(send, refusal.model_request_invalid("the body is not a JSON object naming a model"))
             return
         assert isinstance(request, dict)
+        routed = self.routes.route(model)
+        # How its limits, its tripwire rules and the call log know it: the model, or PREFIX* when
+        # routed by a prefix (so names made up under a prefix share one set of counts).
+        name = f"model:{model if routed is None else routed[1]}"
+        calls = self.gateway.call_log
+        if calls is None:
+            await self._serve(path, scope, receive, send, identity, credential, request, body, name, routed)
+            return
+        entry = calls.begin(identity, name, None, None)
+        token = CURRENT.set(entry)
+        result: dict[str, Any] | Refusal | None = None
+        try:
+            result = await self._serve(path, scope, receive, send, identity, credential, request, body, name, routed)
+        finally:
+            CURRENT.reset(token)
+            calls.end(entry, result, "cancelled")
+
+    async def _serve(
+        self,
+        path: str,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        identity: Identity,
+        credential: LeaseClaims | None,
+        request: dict[str, Any],
+        body: bytes,
+        name: str,
+        routed: tuple[Provider, str] | None,
+    ) -> dict[str, Any] | Refusal | None:
+        """Steps 1 to 7 (the module's docstring); the call's outcome as the tripwires judge it
+        (None: the client went)."""
         gateway = self.gateway
         lease_header = None
         if gateway.leases is not None:
@@ -183,19 +247,25 @@ class ModelCalls:
         screened = gateway.screen(identity, None, None, lease_header, credential)
         if isinstance(screened, Refusal):
             await respond(send, screened)
-            return
+            return screened
         lease = screened[0]
         run = lease.run if lease is not None else None
-        routed = self.routes.route(model)
+        model = str(request["model"])
+        # A refusal is judged before it is answered, as a tool call's (the client's next call
+        # meets its judgement).
         if routed is None:
-            await respond(send, refusal.unknown_model(model))
-            return
+            unknown = refusal.unknown_model(model)
+            await self._judged(identity, name, run, unknown)  # as a tool call to an unknown tool
+            await respond(send, unknown)
+            return unknown
         provider, limited_as = routed
-        name = f"model:{model}"  # in the run report
-        ticket = await gateway.ceilings.admit(identity, f"model:{limited_as}", run)
+        if gateway.call_log is not None:
+            reached("routed")
+        ticket = await gateway.admit(identity, name, run, None)
         if isinstance(ticket, Refusal):
+            await self._judged(identity, name, run, ticket)
             await respond(send, ticket)
-            return
+            return ticket
         stream = request.get("stream") is True
         strip_usage = stream and path == "/v1/chat/completions" and not wants_usage(request)
         if strip_usage:
@@ -204,22 +274,62 @@ class ModelCalls:
             options = {**options, "include_usage": True} if isinstance(options, dict) else {"include_usage": True}
             body = json.dumps({**request, "stream_options": options}, separators=(",", ":")).encode()
         relay = _Relay(send, path, strip_usage)
+        price = provider.route.price(model)
+        tripwires = gateway.tripwires
+        spent: Spent | None = None
+
+        async def count(tokens: Tokens) -> None:
+            """The call's usage, in the usage rules' counts (and the call log's record)."""
+            nonlocal spent
+            spent = Spent(tokens.input, tokens.output, 0 if price is None else price.micros(tokens.input, tokens.output))
+            if (entry := CURRENT.get() if gateway.call_log is not None else None) is not None:
+                entry.usage = spent
+            if tripwires is not None:
+                await tripwires.spent(identity, name, run, spent)
+
+        judged = False
+
+        async def judge(status: int) -> None:
+            nonlocal judged
+            judged = True
+            await self._judged(identity, name, run, SERVED if status == 200 else FAILED)
+
+        # Counted as soon as the usage is read, and a whole answer judged, before the answer's
+        # last bytes are relayed: a client that has read its answer makes its next call on them.
+        if tripwires is not None and tripwires.counts_usage(name):
+            relay.on_tokens = count
+        if tripwires is not None or gateway.call_log is not None:
+            relay.on_whole = judge
+        result: dict[str, Any] | Refusal | None = None
         try:
-            await self._call(identity, lease, name, provider, path, scope, receive, body, relay, ticket.deadline_s)
+            reported = f"model:{model}"  # in the run report
+            result = await self._call(identity, lease, reported, provider, path, scope, receive, body, relay, ticket.deadline_s)
         finally:
+            await released(ticket, identity)
             with anyio.move_on_after(RELEASE_TIMEOUT_S, shield=True):
-                try:
-                    await ticket.release()
-                except CountersUnavailable as exc:
-                    log.warning("could not release a slot of %s (%s); it expires by itself", identity.agent, exc)
-                if (tokens := relay.tokens) is not None:
-                    price = provider.route.price(model)
-                    money = 0 if price is None else price.micros(tokens.input, tokens.output)
-                    await self.usage.add(identity, run, Usage(tokens.input, tokens.output, money))
+                if spent is None and (tokens := relay.tokens or relay.estimate(len(body))) is not None:
+                    await count(tokens)  # no usage rule, or a stream that ended without its usage
+                if result is not None and not judged:
+                    await self._judged(identity, name, run, result)
+                if spent is not None:
+                    await self.usage.add(identity, run, Usage(spent.input, spent.output, spent.money_micros))
                     if run is not None and self.reports is not None:
                         # A name the control plane would refuse (the agent chose it) is reported as routed.
                         fit = len(model) <= MAX_NAME_CHARS and not has_control_characters(model)
-                        self.reports.record_usage(run, model if fit else limited_as, tokens.input, tokens.output, money)
+                        self.reports.record_usage(
+                            run, model if fit else limited_as, spent.input, spent.output, spent.money_micros
+                        )
+        return result
+
+    async def _judged(self, identity: Identity, name: str, run: str | None, result: dict[str, Any] | Refusal) -> None:
+        """The outcome in the call log, then judged by the tripwires' result rules, as a tool
+        call's is (``Gateway._call``); a model call's answer is never replaced (no content rule
+        reads one)."""
+        calls = self.gateway.call_log
+        if calls is not None and (entry := CURRENT.get()) is not None:
+            calls.outcome(entry, result)
+        if (tripwires := self.gateway.tripwires) is not None:
+            await tripwires.settle(identity, name, run, result)
 
     async def _call(
         self,
@@ -233,19 +343,24 @@ class ModelCalls:
         body: bytes,
         relay: _Relay,
         deadline_s: float,
-    ) -> None:
+    ) -> dict[str, Any] | Refusal | None:
+        """The call in flight; its outcome as the tripwires judge it (the provider's answer: served
+        or an error; a refusal; None: the client went)."""
         inflight = self.gateway.inflight
         call = None if inflight is None else inflight.start(identity, name, "cancellable", lease, model=True)
         if isinstance(call, Refusal):
             await relay.refuse(call)  # a stop since the screen: nothing reached the provider
-            return
+            return call
         outcome: Outcome = "abandoned"
+        result: dict[str, Any] | Refusal | None = None
         gone = False
 
         async def watch_disconnect(group: anyio.CancelScope) -> None:
             nonlocal gone
             while (await receive())["type"] != "http.disconnect":
                 pass
+            if relay.ended:
+                return  # the answer is over (the server says "disconnect" from then on): served
             gone = True
             group.cancel()
 
@@ -259,20 +374,25 @@ class ModelCalls:
                         tg.cancel_scope.cancel()
                 if not gone:
                     outcome = "completed" if relay.status == 200 else "failed"
+                    result = SERVED if relay.status == 200 else FAILED
             if call is not None and call.refusal is not None and call.scope.cancelled_caught:
                 outcome = "cancelled"  # a stop cut it: the client is told so, the report too
+                result = call.refusal
                 await relay.refuse(call.refusal)
         except TimeoutError:
             outcome = "deadline_exceeded"
-            await relay.refuse(refusal.deadline_exceeded(name, deadline_s))
+            result = refusal.deadline_exceeded(name, deadline_s)
+            await relay.refuse(result)
         except ProviderUnavailable as exc:
             outcome = "upstream_unavailable"
             log.warning("model provider unavailable: %s", exc)
-            await relay.refuse(refusal.provider_unavailable(provider.name))
+            result = refusal.provider_unavailable(provider.name)
+            await relay.refuse(result)
         finally:
             if call is not None:
                 assert inflight is not None
                 inflight.end(call, outcome)
+        return result
 
     async def _exchange(
         self, provider: Provider, path: str, body: bytes, headers: list[tuple[str, str]], relay: _Relay
