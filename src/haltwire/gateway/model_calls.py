@@ -12,28 +12,44 @@ the gateway. A model call takes the tool call's pipeline, by the same code, in t
    the call (global, tenant, version, agent, and its run; never a ``tool:`` stop) and the
    lease's fence, the tripwires' latch;
 2. the route: the model name to its provider (``haltwire.gateway.models``), else
-   ``unknown_model`` (404);
-3. ``Ceilings.admit`` as a call to ``model:NAME`` (``model:PREFIX*`` for a model routed by a
-   prefix): one step of the identity's budget and of the run's ``run_steps``, one slot of its
-   in-flight caps (``[limits.tools."model:NAME"]`` applies as to a tool); the slot is held until
-   the answer or the stream has ended;
+   ``unknown_model`` (404, judged by the tripwires' result rules as a tool call to an unknown
+   tool is). The call is named ``model:NAME`` from here on (``model:PREFIX*`` for a model
+   routed by a prefix) for its limits, its tripwire rules and the call log;
+3. ``Gateway.admit``, the tool call's admission: the tripwires' admission counts of the call
+   (``Tripwires.plan``: ``steps``/``rate`` rules naming it, the held trips, and the check of its
+   run's ``tokens``/``model_cost`` counts) taken with ``Ceilings.admit``'s in one atomic
+   admission (one step of the identity's budget and of the run's ``run_steps``, one slot of its
+   in-flight caps; ``[limits.tools."model:NAME"]`` applies as to a tool), then judged
+   (``Tripwires.judge``: ``tripwire_tripped``); a refusal here is judged by the result rules
+   before it is answered; the slot is held until the answer or the stream has ended;
 4. in flight (``haltwire.gateway.inflight``, with ``[control]``): one more stop verdict, then
-   registered as a ``cancellable`` call ``model:NAME``: a stop that matches it cuts it at once
+   registered as a ``cancellable`` call ``model:MODEL`` (the model's own name, for the run
+   report): a stop that matches it cuts it at once
    (the provider's request is closed, so the provider sees the connection close and stops
    generating) and the client is answered the ``stopped`` refusal: as an HTTP 403 if nothing
    was sent yet, else as the stream's last event (``models.error_event``); the cut is reported
    to the control plane for the run report, as a tool call's is;
 5. the provider call under the call's deadline (the ceilings' for ``model:NAME``; past it,
    ``deadline_exceeded``); the provider unreachable: ``upstream_unavailable`` (503);
-   the provider's answer, body or stream, is relayed as it came (``models``, headers aside);
-6. finally: the slots released (shielded), the tokens and their cost counted
-   (``haltwire.gateway.usage``, ``[[models]] prices``) and, for a run, queued for its report
-   (``haltwire.gateway.outcomes``).
+   the provider's answer, body or stream, is relayed as it came (``models``, headers aside).
+   With a usage rule on the call, its usage goes to ``Tripwires.spent`` as soon as it is read
+   (a whole answer before it is sent, a stream's usage event before it is relayed), and a whole
+   answer is judged (``Tripwires.settle``: an error status is a policy hit) before it is sent:
+   a client that has its answer makes its next call on both;
+6. finally: the slots released (shielded); a stream's outcome (and a refusal's, a cut's) judged
+   by ``Tripwires.settle``; a stream that ended without its usage counted from what was
+   relayed (``_Relay.estimate``) and given to ``Tripwires.spent``; the tokens and their cost
+   counted (``haltwire.gateway.usage``, ``[[models]] prices``) and, for a run, queued for its
+   report (``haltwire.gateway.outcomes``).
 
-A client that disconnects cancels the call: the provider's request is closed too. Refusals are
-answered in OpenAI's error shape (``models.refusal_response``), terminal ones as 403 with
-``x-should-retry: false``, so the OpenAI client raises them once without retrying.
-Not yet for model calls: the per-call tripwires' counts and judgements, and the call log.
+With ``[call_log]`` the call is recorded as a call to ``model:NAME`` with its outcome and usage
+(``haltwire.tripwires.calllog``), from step 1 on, as a tool call is. A client that disconnects
+cancels the call: the provider's request is closed too (its outcome is not judged, as a tool
+call's cancellation is not). Refusals are answered in OpenAI's error shape
+(``models.refusal_response``), terminal ones as 403 with ``x-should-retry: false``, so the
+OpenAI client raises them once without retrying. Not for model calls: the tripwire kinds that
+read a tool's arguments or result (``money``, ``repeated_*``, ``content``), and refusal as a
+tool result (a model call always gets its refusal as an HTTP answer).
 """
 
 from __future__ import annotations

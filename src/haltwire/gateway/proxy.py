@@ -15,8 +15,10 @@ never reaches the upstream: after admission it is recorded as an intent for the 
 pipeline (kill switch, lease, stops, ceilings), then is answered here, not upstream.
 
 The steps before routing (the kill switch, the lease, the stops, the tripwires' latch) are
-``Gateway.screen``, which a model call (``haltwire.gateway.model_calls``) takes too, as a call to
-no tool: no ``tool:`` stop reaches it.
+``Gateway.screen``, and admission (the tripwires' counts with the ceilings', then their
+judgement) is ``Gateway.admit``: a model call (``haltwire.gateway.model_calls``) takes both, as a
+call to ``model:NAME`` (no ``tool:`` stop reaches it), and its outcome is judged by the same
+``Tripwires.settle``; its tokens by ``Tripwires.spent``.
 
 A stop also reaches calls already past its check: just before a call reaches its upstream it is
 registered as in flight (``haltwire.gateway.inflight``), after one more look at the stops
