@@ -38,7 +38,7 @@ the gateway. A model call takes the tool call's pipeline, by the same code, in t
    a client that has its answer makes its next call on both;
 6. finally: the slots released (shielded); a stream's outcome (and a refusal's, a cut's) judged
    by ``Tripwires.settle``; a stream that ended without its usage counted from what was
-   relayed (``_Relay.estimate``) and given to ``Tripwires.spent``; the tokens and their cost
+   relayed (``Relay.estimate``) and given to ``Tripwires.spent``; the tokens and their cost
    counted (``haltwire.gateway.usage``, ``[[models]] prices``) and, for a run, queued for its
    report (``haltwire.gateway.outcomes``).
 
@@ -57,8 +57,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
-from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import anyio
@@ -72,16 +70,14 @@ from haltwire.gateway.models import (
     ModelRoutes,
     Provider,
     ProviderUnavailable,
-    error_event,
-    event_data,
     forwarded_headers,
     open_call,
-    refusal_response,
     returned_headers,
 )
 from haltwire.gateway.outcomes import CallReports, Outcome
 from haltwire.gateway.proxy import FAILED, RELEASE_TIMEOUT_S, Gateway, released
-from haltwire.gateway.usage import Tokens, Usage, UsageCounts, answer_tokens, event_tokens, wants_usage
+from haltwire.gateway.relay import Relay, respond
+from haltwire.gateway.usage import Tokens, Usage, UsageCounts, answer_tokens, wants_usage
 from haltwire.gateway.wire import BodyTooLarge, read_body
 from haltwire.identity import Identity
 from haltwire.limits import MAX_NAME_CHARS, has_control_characters
@@ -95,96 +91,6 @@ log = logging.getLogger("haltwire.gateway")
 
 #: What the tripwires judge a model call the provider answered (200) by: a result, no error.
 SERVED: Final[dict[str, Any]] = {"isError": False, "content": []}
-
-_SEQUENCE: Final = re.compile(rb'"sequence_number"\s*:\s*(\d+)')
-
-
-async def respond(send: Send, r: Refusal) -> None:
-    status, headers, body = refusal_response(r)
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-class _Relay:
-    """The client's side of one call: what was sent to it, and what the answer said."""
-
-    def __init__(self, send: Send, path: str, strip_usage: bool) -> None:
-        self.send = send
-        self.path = path
-        #: Keep chat completions' usage-only last chunk from the client (the gateway asked for it).
-        self.strip_usage = strip_usage
-        self.started = False
-        self.ended = False
-        self.status = 0
-        self.tokens: Tokens | None = None
-        self.sequence: int | None = None
-        #: Stream events relayed that carry a delta (about one output token each).
-        self.deltas = 0
-        #: Told the usage once it is read, before what carried it is relayed (then unset).
-        self.on_tokens: Callable[[Tokens], Awaitable[None]] | None = None
-        #: Told a whole answer's status before it is relayed.
-        self.on_whole: Callable[[int], Awaitable[None]] | None = None
-
-    async def _counted(self) -> None:
-        hook, self.on_tokens = self.on_tokens, None
-        if hook is not None and self.tokens is not None:
-            await hook(self.tokens)
-
-    def estimate(self, request_bytes: int) -> Tokens | None:
-        """A stream that ended without its usage (cut by a stop, the deadline or the client, or
-        broken off): counted from what was relayed, one output token per delta event and one
-        input token per 4 bytes of the request (an estimate: the provider bills its own count)."""
-        if not self.started or self.status != 200 or not self.deltas:
-            return None
-        return Tokens(-(-request_bytes // 4), self.deltas)
-
-    async def whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        if self.on_tokens is not None:
-            await self._counted()
-        if self.on_whole is not None:
-            await self.on_whole(status)
-        self.started, self.status = True, status
-        headers = [*headers, (b"content-length", str(len(body)).encode())]
-        await self.send({"type": "http.response.start", "status": status, "headers": headers})
-        await self.send({"type": "http.response.body", "body": body})
-        self.ended = True
-
-    async def start_stream(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        self.started, self.status = True, status
-        await self.send({"type": "http.response.start", "status": status, "headers": headers})
-
-    async def events(self, events: list[bytes]) -> None:
-        """Relay whole events: those of one read from the provider in one send, as each send
-        is a write to the client's socket."""
-        kept = []
-        for event in events:
-            if b'delta"' in event:
-                self.deltas += 1
-            if self.path == "/v1/responses" and (m := _SEQUENCE.search(event)) is not None:
-                self.sequence = int(m.group(1))
-            if b'"usage"' in event:
-                tokens, usage_only = event_tokens(self.path, *event_data(event))
-                if tokens is not None:
-                    self.tokens = tokens
-                if usage_only and self.strip_usage:
-                    continue
-            kept.append(event)
-        if self.on_tokens is not None and self.tokens is not None:
-            await self._counted()
-        if kept:
-            await self.send({"type": "http.response.body", "body": b"".join(kept), "more_body": True})
-
-    async def end(self, last: bytes = b"") -> None:
-        self.ended = True
-        await self.send({"type": "http.response.body", "body": last, "more_body": False})
-
-    async def refuse(self, r: Refusal) -> None:
-        """Answer ``r``: as the response if nothing was sent, else as the stream's last event."""
-        if not self.started:
-            self.started = self.ended = True
-            await respond(self.send, r)
-        elif not self.ended:
-            await self.end(error_event(r, self.path, self.sequence))
 
 
 class ModelCalls:
@@ -236,7 +142,9 @@ class ModelCalls:
         token = CURRENT.set(entry)
         result: dict[str, Any] | Refusal | None = None
         try:
-            result = await self._serve(path, scope, receive, send, identity, credential, request, body, name, routed)
+            result = await self._serve(
+                path, scope, receive, send, identity, credential, request, body, name, routed
+            )
         finally:
             CURRENT.reset(token)
             calls.end(entry, result, "cancelled")
@@ -259,7 +167,9 @@ class ModelCalls:
         gateway = self.gateway
         lease_header = None
         if gateway.leases is not None:
-            lease_header = next((v.decode("latin-1") for k, v in scope["headers"] if k == LEASE_HEADER.encode()), None)
+            lease_header = next(
+                (v.decode("latin-1") for k, v in scope["headers"] if k == LEASE_HEADER.encode()), None
+            )
         screened = gateway.screen(identity, None, None, lease_header, credential)
         if isinstance(screened, Refusal):
             await respond(send, screened)
@@ -287,9 +197,11 @@ class ModelCalls:
         if strip_usage:
             # The provider sends the usage of a stream only when asked (see haltwire.gateway.usage).
             options = request.get("stream_options")
-            options = {**options, "include_usage": True} if isinstance(options, dict) else {"include_usage": True}
+            options = (
+                {**options, "include_usage": True} if isinstance(options, dict) else {"include_usage": True}
+            )
             body = json.dumps({**request, "stream_options": options}, separators=(",", ":")).encode()
-        relay = _Relay(send, path, strip_usage)
+        relay = Relay(send, path, strip_usage)
         price = provider.route.price(model)
         tripwires = gateway.tripwires
         spent: Spent | None = None
@@ -297,7 +209,9 @@ class ModelCalls:
         async def count(tokens: Tokens) -> None:
             """The call's usage, in the usage rules' counts (and the call log's record)."""
             nonlocal spent
-            spent = Spent(tokens.input, tokens.output, 0 if price is None else price.micros(tokens.input, tokens.output))
+            spent = Spent(
+                tokens.input, tokens.output, 0 if price is None else price.micros(tokens.input, tokens.output)
+            )
             if (entry := CURRENT.get() if gateway.call_log is not None else None) is not None:
                 entry.usage = spent
             if tripwires is not None:
@@ -319,7 +233,9 @@ class ModelCalls:
         result: dict[str, Any] | Refusal | None = None
         try:
             reported = f"model:{model}"  # in the run report
-            result = await self._call(identity, lease, reported, provider, path, scope, receive, body, relay, ticket.deadline_s)
+            result = await self._call(
+                identity, lease, reported, provider, path, scope, receive, body, relay, ticket.deadline_s
+            )
         finally:
             await released(ticket, identity)
             with anyio.move_on_after(RELEASE_TIMEOUT_S, shield=True):
@@ -337,7 +253,9 @@ class ModelCalls:
                         )
         return result
 
-    async def _judged(self, identity: Identity, name: str, run: str | None, result: dict[str, Any] | Refusal) -> None:
+    async def _judged(
+        self, identity: Identity, name: str, run: str | None, result: dict[str, Any] | Refusal
+    ) -> None:
         """The outcome in the call log, then judged by the tripwires' result rules, as a tool
         call's is (``Gateway._call``); a model call's answer is never replaced (no content rule
         reads one)."""
@@ -357,7 +275,7 @@ class ModelCalls:
         scope: Scope,
         receive: Receive,
         body: bytes,
-        relay: _Relay,
+        relay: Relay,
         deadline_s: float,
     ) -> dict[str, Any] | Refusal | None:
         """The call in flight; its outcome as the tripwires judge it (the provider's answer: served
@@ -411,7 +329,7 @@ class ModelCalls:
         return result
 
     async def _exchange(
-        self, provider: Provider, path: str, body: bytes, headers: list[tuple[str, str]], relay: _Relay
+        self, provider: Provider, path: str, body: bytes, headers: list[tuple[str, str]], relay: Relay
     ) -> None:
         """Send the call to the provider and relay its answer; the provider's request is closed on
         the way out, whatever ends it (a stop, the deadline, the client gone)."""
