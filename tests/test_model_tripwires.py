@@ -60,8 +60,13 @@ async def tripwired(
             yield s
 
 
+#: The error body of the last refusal ``call`` met.
+REFUSED: dict[str, Any] = {}
+
+
 async def call(s: Stack, path: str, stream: bool, run: str = "run-1", model: str = "gpt-test") -> str | None:
-    """One model call in ``run``: its refusal code, "error" for the provider's error, else None."""
+    """One model call in ``run``: its refusal code (its body in ``REFUSED``), "error" for the
+    provider's error, else None."""
     client = s.client(max_retries=0, default_headers={"Haltwire-Lease": lease_token(run)})
     try:
         if path == CHAT:
@@ -76,6 +81,8 @@ async def call(s: Stack, path: str, stream: bool, run: str = "run-1", model: str
         if isinstance(body, dict) and body.get("type") == "haltwire_refusal":
             assert exc.status_code == (404 if body["code"] == "unknown_model" else 403)
             assert exc.response.headers["x-should-retry"] == "false"
+            REFUSED.clear()
+            REFUSED.update(body)
             return str(body["code"])
         return "error"
     return None
@@ -100,6 +107,7 @@ async def test_a_token_budget_trips_at_the_call_that_reaches_it_and_refuses_the_
         assert trip.figures["counted"] == i + o and trip.figures["this_call"] == 2 * (i + o)
         assert trip.figures["limit"] == limit and trip.figures["tool"] == "model:gpt-test"
         assert await call(s, path, stream) == "tripwire_tripped"
+        assert (REFUSED["tripwire"], REFUSED["scope"], REFUSED["retryable"]) == ("run-tokens", "run:run-1", False)
         assert len(s.provider.seen) == 2  # the refused call never reached the provider
         assert await call(s, path, stream, run="run-2") is None  # another run: its own budget
         assert s.app.models is not None
