@@ -37,8 +37,8 @@ hits, repeated results and content signals judge it (a JSON-RPC error from the u
 unknown tool, as an error result), and a content signal replaces the result. A tripwire's own
 refusal is not judged again.
 
-With ``[call_log]`` (``haltwire.tripwires.calllog``), each call is recorded once its outcome is
-known: how far it got (refused before the tripwires, before routing, at admission, or admitted),
+With ``[call_log]`` (``haltwire.tripwires.calllog``), each call (a model call too, as
+``model:NAME`` with its usage) is recorded once its outcome is known: how far it got (refused before the tripwires, before routing, at admission, or admitted),
 its outcome before the tripwires' judgement of it, and what fired; the record is appended to a
 buffer that a task of the gateway's writes out.
 """
