@@ -15,8 +15,10 @@ from typing import Any
 import anyio
 import openai
 import pytest
+import tomli_w
 from openai.types.chat import ChatCompletionMessageParam
 
+from cli_process import run_haltwire_async
 from haltwire.config import ConfigError
 from haltwire.gateway.config import parse_config
 from haltwire.gateway.usage import Usage
@@ -107,7 +109,11 @@ async def test_a_token_budget_trips_at_the_call_that_reaches_it_and_refuses_the_
         assert trip.figures["counted"] == i + o and trip.figures["this_call"] == 2 * (i + o)
         assert trip.figures["limit"] == limit and trip.figures["tool"] == "model:gpt-test"
         assert await call(s, path, stream) == "tripwire_tripped"
-        assert (REFUSED["tripwire"], REFUSED["scope"], REFUSED["retryable"]) == ("run-tokens", "run:run-1", False)
+        assert (REFUSED["tripwire"], REFUSED["scope"], REFUSED["retryable"]) == (
+            "run-tokens",
+            "run:run-1",
+            False,
+        )
         assert len(s.provider.seen) == 2  # the refused call never reached the provider
         assert await call(s, path, stream, run="run-2") is None  # another run: its own budget
         assert s.app.models is not None
@@ -248,6 +254,16 @@ async def test_the_call_log_holds_model_calls_and_a_replay_fires_as_live(tmp_pat
     assert [r["run"] for r in records] == ["run-1"] * 3 + ["run-2"]
     replayed = report(await replay([TripwireRule.model_validate(r) for r in rules], [str(log_path)]))
     assert replayed["same"] and [(f["index"], f["rule"]) for f in replayed["firings"]] == [(1, "run-tokens")]
+    # The command, on a gateway config with the same [[models]] and rules.
+    config = tmp_path / "gateway.toml"
+    data = config_dict("http://127.0.0.1:1", models=models_section("http://127.0.0.1:2"), tripwires=rules)
+    config.write_text(tomli_w.dumps(data))
+    argv = ["tripwires", "test", "--config", str(config), "--log", str(log_path), "--json", "--expect-same"]
+    done = await run_haltwire_async(*argv)
+    assert done.returncode == 0, done.stderr
+    assert [(f["index"], f["rule"], f["in_log"]) for f in json.loads(done.stdout)["firings"]] == [
+        (1, "run-tokens", True)
+    ]
     # A lower limit in the replay fires at the first call instead: the replay is not the log read back.
     lower = report(await replay([TripwireRule.model_validate(tokens_rule(10))], [str(log_path)]))
     assert not lower["same"] and next((f["index"], f["rule"]) for f in lower["firings"]) == (0, "run-tokens")
