@@ -39,6 +39,7 @@ HEARTBEAT_S: Final = 0.2
 STALENESS_S: Final = 1.0
 #: A lease key for gateways that verify leases (``[leases]``), and the run its tokens name.
 LEASE_SECRET: Final = "k1-" + "m" * 40
+LEASES: Final = {"keys": [{"kid": "k1", "secret": LEASE_SECRET}]}
 
 
 class Counted:
@@ -84,6 +85,13 @@ class Stack:
         async with httpx2.AsyncClient(base_url=self.control, timeout=10) as http:
             r = await http.post(f"/v1/stops/{stop_id}/clear", json={"reason": "ok"}, headers=self.operator)
         assert r.status_code == 200, r.text
+
+
+def lease_token(run: str, identity: Identity = OPS) -> str:
+    """A lease for ``run`` signed with ``LEASE_SECRET`` (``LEASES``, a gateway's ``[leases]``)."""
+    now = time.time()
+    keys = LeaseKeys({"k1": LEASE_SECRET.encode()}, signing="k1")
+    return keys.sign(LeaseClaims(run, identity.agent, identity.tenant, identity.version, 0, now, now + 60))
 
 
 def models_section(provider_url: str, prices: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -161,9 +169,3 @@ async def until_refused(s: Stack, code: str, agent: str = "ops-bot", model: str 
         while ((await refused(s, agent, model)) or {}).get("code") != code:
             await anyio.sleep(0.05)
 
-
-def lease_token(run: str) -> str:
-    """A lease for ops-bot's ``run``, signed with the key of ``[leases]`` ``LEASE_SECRET``."""
-    now = time.time()
-    keys = LeaseKeys({"k1": LEASE_SECRET.encode()}, signing="k1")
-    return keys.sign(LeaseClaims(run, OPS.agent, OPS.tenant, OPS.version, 0, now, now + 60))

@@ -38,7 +38,8 @@ from haltwire.store.idempotency.redis import RedisIdempotency
 from haltwire.store.idempotency.sqlite import SqliteIdempotency
 from haltwire.store.redis import redis_client
 from haltwire.tripwires.calllog import CallLog, recording
-from haltwire.tripwires.engine import RUN_TTL_S, Tripwires
+from haltwire.tripwires.engine import Tripwires
+from haltwire.tripwires.plan import RUN_TTL_S
 from haltwire.tripwires.writer import StopWriter
 from haltwire.upstreams import UpstreamError, Upstreams
 from haltwire.watch import ControlUnreachable, StopWatch, WrongRole

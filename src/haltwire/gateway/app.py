@@ -62,10 +62,10 @@ from haltwire.gateway.credentials import CREDENTIAL_STATE_KEY
 from haltwire.gateway.hosts import HostCheck
 from haltwire.gateway.identities import Identities
 from haltwire.gateway.model_calls import ModelCalls
-from haltwire.gateway.model_calls import respond as respond_model
 from haltwire.gateway.models import MODEL_PATHS
 from haltwire.gateway.proxy import Gateway
 from haltwire.gateway.readiness import NOT_STARTED, Start, readiness
+from haltwire.gateway.relay import respond as respond_model
 from haltwire.gateway.server import IDENTITY_STATE_KEY, build_server
 from haltwire.gateway.stops import credential_refusal
 from haltwire.gateway.wire import (

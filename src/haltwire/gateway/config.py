@@ -31,6 +31,7 @@ from haltwire.identity import Identity, IdentityKey, RefuseAt, TokenTable
 from haltwire.listener import ListenerLimits
 from haltwire.tripwires.calllog import CallLogSection
 from haltwire.tripwires.rules import TripwireRule, TripwireStops, check_tripwires
+from haltwire.tripwires.usage import check_model_rules
 
 
 class ToolLimits(ConfigModel):
@@ -368,6 +369,8 @@ class GatewayConfig(ConfigModel):
                     )
         check_tripwires(self.tripwires, self.tripwire_stops, self.control, self.gateway.development)
         check_models(self.models, self.gateway.development)
+        names = [f"model:{n}" for m in self.models for n in (*m.models, *(f"{p}*" for p in m.prefixes))]
+        check_model_rules(self.tripwires, names, any(m.prices for m in self.models))
         return self
 
     def _check_issuer(self, issuer: IssuerSection) -> None:

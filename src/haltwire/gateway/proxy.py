@@ -15,8 +15,10 @@ never reaches the upstream: after admission it is recorded as an intent for the 
 pipeline (kill switch, lease, stops, ceilings), then is answered here, not upstream.
 
 The steps before routing (the kill switch, the lease, the stops, the tripwires' latch) are
-``Gateway.screen``, which a model call (``haltwire.gateway.model_calls``) takes too, as a call to
-no tool: no ``tool:`` stop reaches it.
+``Gateway.screen``, and admission (the tripwires' counts with the ceilings', then their
+judgement) is ``Gateway.admit``: a model call (``haltwire.gateway.model_calls``) takes both, as a
+call to ``model:NAME`` (no ``tool:`` stop reaches it), and its outcome is judged by the same
+``Tripwires.settle``; its tokens by ``Tripwires.spent``.
 
 A stop also reaches calls already past its check: just before a call reaches its upstream it is
 registered as in flight (``haltwire.gateway.inflight``), after one more look at the stops
@@ -35,8 +37,8 @@ hits, repeated results and content signals judge it (a JSON-RPC error from the u
 unknown tool, as an error result), and a content signal replaces the result. A tripwire's own
 refusal is not judged again.
 
-With ``[call_log]`` (``haltwire.tripwires.calllog``), each call is recorded once its outcome is
-known: how far it got (refused before the tripwires, before routing, at admission, or admitted),
+With ``[call_log]`` (``haltwire.tripwires.calllog``), each call (a model call too, as
+``model:NAME`` with its usage) is recorded once its outcome is known: how far it got (refused before the tripwires, before routing, at admission, or admitted),
 its outcome before the tripwires' judgement of it, and what fired; the record is appended to a
 buffer that a task of the gateway's writes out.
 """
@@ -53,7 +55,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
 from haltwire import refusal
-from haltwire.gateway.ceilings import Ceilings
+from haltwire.gateway.ceilings import Ceilings, Ticket
 from haltwire.gateway.idempotency import Idempotency
 from haltwire.gateway.inflight import InFlight
 from haltwire.gateway.intents import INTENT_TOOL, IntentDesk
@@ -78,6 +80,16 @@ FAILED: dict[str, Any] = {"isError": True, "content": []}
 
 #: How long releasing a slot may take once the call is over (shielded from cancellation).
 RELEASE_TIMEOUT_S = 2.0
+
+
+async def released(ticket: Ticket, identity: Identity) -> None:
+    """Give back an admitted call's slots, shielded: a cancelled call (client gone) must still
+    give them back; a store that cannot now is logged (the slots expire by themselves)."""
+    with anyio.move_on_after(RELEASE_TIMEOUT_S, shield=True):
+        try:
+            await ticket.release()
+        except CountersUnavailable as exc:
+            log.warning("could not release a slot of %s (%s); it expires by itself", identity.agent, exc)
 
 
 class UnknownTool(MCPError):
@@ -253,21 +265,10 @@ class Gateway:
             raise UnknownTool(name)
         if self.call_log is not None:
             reached("routed")
-        tripwires = self.tripwires
-        plan = None if tripwires is None else tripwires.plan(identity, name, run, arguments)
-        if isinstance(plan, Refusal):
-            return plan
-        # The tripwires' counts are taken with the ceilings', all or nothing, in one round trip.
-        ticket = await self.ceilings.admit(identity, name, run, () if plan is None else plan.ops)
+        ticket = await self.admit(identity, name, run, arguments)
         if isinstance(ticket, Refusal):
             return ticket
-        if self.call_log is not None:
-            reached("admitted")
         try:
-            if plan is not None:
-                assert tripwires is not None
-                if (tripped := tripwires.judge(plan, ticket.tallied)) is not None:
-                    return tripped
             if route is None:
                 assert desk is not None
                 return await desk.status(identity, arguments, ticket.deadline_s)
@@ -290,14 +291,29 @@ class Gateway:
                 identity, lease, route, name, arguments, meta, progress, ticket.deadline_s
             )
         finally:
-            # Shielded: a cancelled call (client gone) must still give its slot back.
-            with anyio.move_on_after(RELEASE_TIMEOUT_S, shield=True):
-                try:
-                    await ticket.release()
-                except CountersUnavailable as exc:
-                    log.warning(
-                        "could not release a slot of %s (%s); it expires by itself", identity.agent, exc
-                    )
+            await released(ticket, identity)
+
+    async def admit(
+        self, identity: Identity, name: str, run: str | None, arguments: dict[str, Any] | None
+    ) -> Ticket | Refusal:
+        """Admission, for a tool call and a model call (``model:NAME``) alike: the tripwires'
+        counts of the call (``Tripwires.plan``) taken with the ceilings' in one atomic admission,
+        then judged (``Tripwires.judge``). The ticket's slots are held until ``released``."""
+        tripwires = self.tripwires
+        plan = None if tripwires is None else tripwires.plan(identity, name, run, arguments)
+        if isinstance(plan, Refusal):
+            return plan
+        ticket = await self.ceilings.admit(identity, name, run, () if plan is None else plan.ops)
+        if isinstance(ticket, Refusal):
+            return ticket
+        if self.call_log is not None:
+            reached("admitted")
+        if plan is not None:
+            assert tripwires is not None
+            if (tripped := tripwires.judge(plan, ticket.tallied)) is not None:
+                await released(ticket, identity)
+                return tripped
+        return ticket
 
     async def _forward(
         self,

@@ -11,7 +11,9 @@ the admission rules' counts, then its outcome judged. The engine reads what the 
 place of the call: the digest of its arguments (the repeated-calls rule compares digests), the
 amounts at the money rules' paths, the digest of its result, the signal kinds a content rule
 found. A call the live rules refused but the replayed ones admit is judged as served with an
-unknown result. Replaying a log with the config that wrote it gives the firings it recorded.
+unknown result. A model call's usage (``usage`` in its record) is added to the usage rules at its
+end, before its outcome's judgement, as the gateway does. Replaying a log with the config that
+wrote it gives the firings it recorded.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from haltwire.tripwires.calllog import CURRENT, Entry, firing
 from haltwire.tripwires.engine import Tripwires
 from haltwire.tripwires.rules import TripwireRule
 from haltwire.tripwires.signal import Signal
+from haltwire.tripwires.usage import Spent
 
 #: A call's events wait this long (past a later call's end) for calls that started before them.
 LAG_S = 300.0
@@ -166,8 +169,12 @@ class Replay:
         try:
             if admit:
                 await self._admit(p)
-            elif p.result is not None:
-                await self.engine.settle(p.identity, p.call.tool, p.call.run, p.result)
+            else:
+                if (used := p.record.get("usage")) is not None:  # a model call's, counted as it ended
+                    spent = Spent(int(used["input"]), int(used["output"]), int(used.get("money_micros", 0)))
+                    await self.engine.spent(p.identity, p.call.tool, p.call.run, spent)
+                if p.result is not None:
+                    await self.engine.settle(p.identity, p.call.tool, p.call.run, p.result)
         finally:
             CURRENT.reset(token)
             self._at = None
@@ -186,7 +193,8 @@ class Replay:
             # The log keeps a refusal's code, not its words: replayed as a recorded refusal.
             result = Refusal.from_error({"code": outcome, "message": "(replayed)", "retryable": False})
         if stage == "latch":
-            p.result = wire  # an unknown tool: an error
+            # An unknown tool: an error; an unknown model: its refusal.
+            p.result = result if isinstance(result, Refusal) else wire
             return
         arguments: dict[str, Any] = {"args_sha256": r.get("args_sha256")}
         for path, value in (r.get("amounts") or {}).items():

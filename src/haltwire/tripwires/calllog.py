@@ -12,6 +12,12 @@ and spacing do not matter), the amounts at the money rules' paths (``amounts``),
 (rule, mode, scope; a content rule's signal kinds, never their text). Raw arguments only with
 ``args = true``; never a result's text, never a token.
 
+A model call (``haltwire.gateway.model_calls``) is recorded as a call to ``model:NAME`` (the name
+its limits and rules know it by: the model, or ``PREFIX*``), with no arguments and no label; its
+outcome is ``ok``, ``error`` (the provider's error answer), ``cancelled`` (the client went) or
+the refusal's code, and ``usage`` holds what it used (``input``, ``output`` tokens and
+``money_micros``), which a replay adds to the usage rules as the gateway did.
+
 Cost per call: a record is appended to a buffer; digests, JSON and the file are a flush's work,
 in a worker thread, every ``flush_s`` (and at shutdown). A crash loses at most the records of the
 last ``flush_s`` (and at most ``max_buffered``: past it, records are dropped and counted, as
@@ -42,6 +48,7 @@ from haltwire.identity import Identity
 from haltwire.refusal import Refusal
 from haltwire.tripwires.detectors import result_text
 from haltwire.tripwires.rules import digest, normalized_text
+from haltwire.tripwires.usage import Spent
 from haltwire.tripwires.writer import Trip
 
 log = logging.getLogger("haltwire.calllog")
@@ -77,6 +84,8 @@ class Entry:
     ended: float = 0.0
     reads: list[float] = field(default_factory=list)
     fired: list[Trip] = field(default_factory=list)
+    #: A model call's usage, once it has ended.
+    usage: Spent | None = None
 
 
 #: The call being recorded, in its task: the pipeline marks its stage, the tripwires their firings.
@@ -196,6 +205,8 @@ class CallLog:
             out["result_sha256"] = result_digest(e.tool, e.result)
         if e.reads:
             out["reads"] = e.reads
+        if e.usage is not None:
+            out["usage"] = {"input": e.usage.input, "output": e.usage.output, "money_micros": e.usage.money_micros}
         if e.fired:
             out["tripwires"] = [firing(t) for t in e.fired]
         if self.section.args:

@@ -15,6 +15,7 @@ resources, resource links' names and descriptions, and every string (keys too) o
 from __future__ import annotations
 
 import importlib
+import logging
 import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
@@ -29,6 +30,8 @@ from haltwire.tripwires.signal import (
     Detector,
     Signal,
 )
+
+log = logging.getLogger("haltwire.tripwires")
 
 __all__ = [
     "EXFILTRATION",
@@ -144,6 +147,23 @@ class ScoreThreshold:
             return []
         evidence = f"score {best:.3f} >= {self._threshold} at character {at}"
         return [Signal(self._name, self._kind, evidence, round(min(best, 1.0), 3))]
+
+
+def scan(detector: Detector, name: str, tool: str, wire: Mapping[str, Any]) -> tuple[str, dict[str, Any], str] | None:
+    """A content rule's look at a result: None, or its firing's detail, figures and what the
+    refusal tells the model (the signals' kinds, never the text: the model must not read it).
+    A detector that fails fails closed, like any tripwire."""
+    try:
+        signals = detector.scan(result_text(wire))
+    except Exception as exc:  # a model-based detector may fail
+        log.exception("detector %s failed on the result of %s", name, tool)
+        signals = [Signal(name, "detector_failed", f"{type(exc).__name__}: {exc}"[:160])]
+    if not signals:
+        return None
+    found = "; ".join(f"{x.detector} {x.kind}: {x.evidence!r}" for x in signals[:3])
+    kinds = sorted({x.kind for x in signals})
+    figures = {"signals": len(signals), "tool": tool, "kinds": kinds}
+    return f"content signals in the result of {tool}: {found}", figures, f"{', '.join(kinds)} in the result of {tool}, withheld"
 
 
 def load_detector(spec: str) -> Detector:

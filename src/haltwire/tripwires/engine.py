@@ -16,6 +16,8 @@ Three points in the pipeline (``haltwire.gateway.proxy``):
    also replaces the result, so the model never reads the text that tripped it. With counters
    shared by several gateways (``hold_s``), such a trip is also held in the store, and every
    gateway's ``plan`` checks the holds in its admission: the scope is refused everywhere at once.
+4. ``spent``, once a model call has ended: its tokens and cost in the usage rules' counts
+   (``haltwire.tripwires.usage``; ``plan`` checks those counts at admission).
 
 A trip in enforce mode latches its scope, queues its stop for ``StopWriter`` (as the
 ``tripwire`` identity, with the rule, its figures and the calls that counted), and logs. In
@@ -28,14 +30,12 @@ No rule (or every rule off): the gateway builds no ``Tripwires`` and a call does
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 from haltwire import refusal
 from haltwire.config import Label
@@ -43,11 +43,14 @@ from haltwire.identity import Identity
 from haltwire.refusal import Refusal, iso_utc
 from haltwire.store.counters import CounterStore, CountersUnavailable, Repeat, Streak, Tallies, Tally, TallyOp
 from haltwire.tripwires.calllog import noted
-from haltwire.tripwires.detectors import Detector, Signal, load_detector, result_text
+from haltwire.tripwires.detectors import Detector, load_detector, result_text, scan
+from haltwire.tripwires.plan import EVIDENCE_CALLS, EVIDENCE_KEYS, KEPT, MAX_LATCHED, RUN_TTL_S, Latch, Plan
 from haltwire.tripwires.rules import (
     ADMISSION_KINDS,
     HELD,
+    MODEL_PREFIX,
     RESULT_KINDS,
+    USAGE_KINDS,
     Note,
     TripwireRule,
     UnreadableAmount,
@@ -62,52 +65,16 @@ from haltwire.tripwires.rules import (
     shown_note,
     stop_scope,
 )
+from haltwire.tripwires.usage import Spent, amount_of, check_limit, crossed
 from haltwire.tripwires.writer import Landed, StopWriter, Trip
 
 log = logging.getLogger("haltwire.tripwires")
 
+#: The tag of a plan's op that checks a usage rule's count (``usage.check_limit``).
+USAGE = "usage"
+
 Clock = Callable[[], float]
 LabelOf = Callable[[str], Label | None]
-
-#: How long a run's counts are kept after its last call (as the ceilings' run budget).
-RUN_TTL_S: Final = 7 * 24 * 3600.0
-#: Calls kept as evidence per count, and counts with evidence kept (the oldest go first).
-EVIDENCE_CALLS: Final = 10
-EVIDENCE_KEYS: Final = 10_000
-#: Scopes latched at once; past it the oldest latch goes (its stop was long written).
-MAX_LATCHED: Final = 100_000
-#: Trips and would-be firings kept for inspection (tests, the log's neighbours).
-KEPT: Final = 1000
-
-
-@dataclass
-class Plan:
-    """One call's counts in the admission rules, and which rule each is for."""
-
-    identity: Identity
-    tool: str
-    run: str | None
-    arguments: dict[str, Any] | None
-    now: float
-    ops: list[TallyOp] = field(default_factory=list)
-    #: Per op: its rule, the tag of a rate's window (part of its trip's key), the amount counted.
-    owners: list[tuple[TripwireRule, str, int]] = field(default_factory=list)
-
-    @functools.cached_property
-    def args_digest(self) -> str:
-        """The digest of the call (its tool and normalized arguments), computed once."""
-        return digest([self.tool, self.arguments or {}])
-
-    def add(self, op: TallyOp, rule: TripwireRule, tag: str, amount: int) -> None:
-        self.ops.append(op)
-        self.owners.append((rule, tag, amount))
-
-
-@dataclass(slots=True)
-class _Latch:
-    trip: Trip
-    #: The revision of its stop once written; the latch goes once the watch has reached it.
-    landed_at: int | None = None
 
 
 class Tripwires:
@@ -130,6 +97,8 @@ class Tripwires:
         active = [r for r in rules if r.mode != "off"]
         self._admission = [r for r in active if r.kind in ADMISSION_KINDS]
         self._results = [r for r in active if r.kind in RESULT_KINDS]
+        #: Model calls' tokens and cost (``haltwire.tripwires.usage``), judged by ``plan`` and ``spent``.
+        self._usage = [r for r in active if r.kind in USAGE_KINDS]
         self._hold_s = hold_s
         #: The outcome rules whose trips are held in the store (enforced, with shared counters).
         self._held = [r for r in self._results if r.mode == "enforce"] if hold_s is not None else []
@@ -141,7 +110,7 @@ class Tripwires:
         self._watch_revision = watch_revision
         self._clock = clock
         self._labels = labels
-        self._latched: OrderedDict[str, _Latch] = OrderedDict()
+        self._latched: OrderedDict[str, Latch] = OrderedDict()
         self._evidence: OrderedDict[str, deque[Note]] = OrderedDict()
         #: Enforced trips and shadow firings, newest last.
         self.trips: deque[Trip] = deque(maxlen=KEPT)
@@ -152,7 +121,11 @@ class Tripwires:
 
     @property
     def rules(self) -> list[TripwireRule]:
-        return self._admission + self._results
+        return self._admission + self._results + self._usage
+
+    def counts_usage(self, tool: str) -> bool:
+        """Whether a usage rule counts this model call's usage (``spent``)."""
+        return any(r.counts(tool, None) for r in self._usage)
 
     # 1. the latch
 
@@ -170,7 +143,7 @@ class Tripwires:
             return latch.trip.refusal(run)
         return None
 
-    def _released(self, latch: _Latch) -> bool:
+    def _released(self, latch: Latch) -> bool:
         if latch.landed_at is None or self._watch_revision is None:
             return False
         return self._watch_revision() >= latch.landed_at
@@ -201,7 +174,8 @@ class Tripwires:
     ) -> Plan | Refusal | None:
         """The counts this call takes in the admission rules (None: none), or the refusal of a rule
         that trips without counting (a money rule's amount it cannot read)."""
-        if not self._admission and not self._held:
+        usage = self._usage if self._usage and tool.startswith(MODEL_PREFIX) else None
+        if not self._admission and not self._held and usage is None:
             return None
         now = self._clock()
         label = self._labels(tool) if self._labels is not None else None
@@ -239,6 +213,9 @@ class Tripwires:
                 )
             else:
                 plan.add(Tally(count_key(r, identity, run), amount, limit, RUN_TTL_S), r, "", amount)
+        for r in usage or ():  # a model call: refused once its run has spent a usage budget
+            if r.mode == "enforce" and run is not None and r.counts(tool, None):
+                plan.add(Tally(count_key(r, identity, run), 0, check_limit(r), RUN_TTL_S), r, USAGE, 0)
         return plan if plan.ops else None
 
     def judge(self, plan: Plan, tallies: Tallies | None) -> Refusal | None:
@@ -267,8 +244,8 @@ class Tripwires:
             return refused
         first: Refusal | None = None
         for op, (r, tag, amount), value in zip(ops, plan.owners, tallies.values, strict=True):
-            if tag == HELD:
-                continue
+            if tag in (HELD, USAGE):
+                continue  # a check only (a usage rule's calls are noted when they end)
             evidence = self._evidence_of(op.key, note)
             if r.kind == "repeated_calls":
                 assert r.in_a_row is not None
@@ -307,20 +284,9 @@ class Tripwires:
             if not r.counts(tool, label):
                 continue
             if r.kind == "content":
-                if wire is None:
-                    continue
-                try:
-                    signals = self._detectors[r.name].scan(result_text(wire))
-                except Exception as exc:  # a model-based detector may fail: closed, like any tripwire
-                    log.exception("detector %s failed on the result of %s", r.detector, tool)
-                    signals = [Signal(r.detector, "detector_failed", f"{type(exc).__name__}: {exc}"[:160])]
-                if signals:
-                    found = "; ".join(f"{x.detector} {x.kind}: {x.evidence!r}" for x in signals[:3])
-                    detail = f"content signals in the result of {tool}: {found}"
-                    kinds = sorted({x.kind for x in signals})
-                    figures = {"signals": len(signals), "tool": tool, "kinds": kinds}
-                    # The refusal names the kinds, never the text: the model must not read it.
-                    told = f"{', '.join(kinds)} in the result of {tool}, withheld"
+                found = None if wire is None else scan(self._detectors[r.name], r.detector, tool, wire)
+                if found is not None:
+                    detail, figures, told = found
                     calls: list[Note] = [(now, tool, None, "")]
                     fired = self._fire(r, identity, run, now, detail, figures, calls, told=told)
                     replaced = replaced or fired
@@ -362,6 +328,33 @@ class Tripwires:
             tripped.extend(r for r in self._results if r.kind == "content" and r.mode == "enforce")
         await self._hold(tripped, identity, run, now)
         return replaced or result
+
+    async def spent(self, identity: Identity, tool: str, run: str | None, spent: Spent) -> None:
+        """A model call has ended: add what it used to the usage rules' counts (one ``tally``);
+        a count it brings to its limit trips its rule (the call was served: its scope's next
+        calls are refused). A store that cannot count it is logged, as ``settle``'s."""
+        if not self._usage or run is None:
+            return
+        ops: list[TallyOp] = []
+        owners: list[tuple[TripwireRule, int]] = []
+        for r in self._usage:
+            if r.counts(tool, None) and (amount := amount_of(r, spent)) > 0:
+                ops.append(Tally(count_key(r, identity, run), amount, None, RUN_TTL_S))
+                owners.append((r, amount))
+        if not ops:
+            return
+        now = self._clock()
+        try:
+            tallies = await self._store.tally(ops, now)
+        except CountersUnavailable as exc:
+            log.warning("tripwires could not count the usage of %s in run %s (%s)", tool, run, exc)
+            return
+        note: Note = (now, tool, None, f"{spent.input} tokens in, {spent.output} out, cost {spent.money_micros}")
+        for op, (r, amount), value in zip(ops, owners, tallies.values, strict=True):
+            evidence = self._evidence_of(op.key, note)
+            if crossed(r, value, amount):
+                detail, figures = over_limit(r, value - amount, amount, tool, run)
+                self._fire(r, identity, run, now, detail, figures, list(evidence))
 
     async def _hold(self, tripped: list[TripwireRule], identity: Identity, run: str | None, now: float) -> None:
         """Hold the scopes of outcome trips in the shared store for ``hold_s`` (see ``__init__``)."""
@@ -421,7 +414,7 @@ class Tripwires:
         if scope is None:  # a run rule's call without a run: refused, nothing to stop
             return trip.refusal(run)
         log.warning("tripwire %s stopped %s: %s", rule.name, scope, detail)
-        latch = self._latched[scope] = _Latch(trip)
+        latch = self._latched[scope] = Latch(trip)
         self._latched.move_to_end(scope)
         if self._writer is not None and (landed := self._writer.landed.get(trip.key)) is not None:
             # Tripped again after its stop was written (a count still past its limit once the stop

@@ -11,13 +11,28 @@ Every kind is measured outside the model, from what the gateway sees of a call:
 - ``repeated_calls``: the same tool with the same arguments (normalised: key order and
   whitespace do not matter) ``in_a_row`` times in a row in a run;
 - ``repeated_results``: the same result ``in_a_row`` times in a row in a run (no progress);
-- ``content``: a ``Detector`` (``haltwire.tripwires.content``) finds a signal in a tool result.
+- ``content``: a ``Detector`` (``haltwire.tripwires.content``) finds a signal in a tool result;
+- ``tokens``: the tokens of a run's model calls (``count``: input, output or total), at most ``limit``;
+- ``model_cost``: what a run's model calls cost by ``[[models]] prices``, in millionths of the
+  price's unit, at most ``limit``.
 
 The first three are budgets, judged at admission: the call that would go past ``limit`` is
 refused and trips the rule, so none is ever served past it. ``repeated_calls`` is judged at
 admission too (the ``in_a_row``-th identical call is not made). The last three are judged once
 the call's result (or refusal) is known; a ``content`` signal in enforce mode replaces the
 result, so the model never reads the text that tripped it.
+
+The usage kinds (``tokens``, ``model_cost``; ``haltwire.tripwires.usage``) measure model calls
+only, whose usage is known only once they end: judged at admission (a run whose count has reached
+``limit`` is refused), counted at the end of each call, and the call whose usage brings the count
+to ``limit`` or past it trips the rule. So a run can end past its limit by what that call, and
+the calls already in flight with it, used: never by a call admitted after.
+
+Model calls are named ``model:NAME`` (as in ``[limits.tools]``: ``NAME`` is the model, or
+``PREFIX*`` for one routed by a prefix). A rule without ``tools`` counts tool calls only (the
+usage kinds: every model call); one whose ``tools`` name model calls (``model:*``: every one)
+counts them too. ``steps``, ``rate`` and ``policy_hits`` take model calls; the other kinds read
+a tool's arguments or result, and refuse a ``model:`` entry.
 """
 
 from __future__ import annotations
@@ -35,7 +50,9 @@ from haltwire.identity import Identity
 from haltwire.refusal import iso_utc
 
 Mode = Literal["off", "shadow", "enforce"]
-Kind = Literal["steps", "money", "rate", "policy_hits", "repeated_calls", "repeated_results", "content"]
+Kind = Literal[
+    "steps", "money", "rate", "policy_hits", "repeated_calls", "repeated_results", "content", "tokens", "model_cost"
+]
 #: What a tripped rule stops.
 StopScope = Literal["run", "tenant", "agent", "version"]
 Per = Literal["run", "tenant", "agent"]
@@ -43,6 +60,13 @@ Per = Literal["run", "tenant", "agent"]
 #: Judged at admission (a store's ``tally`` before the upstream), and after the result.
 ADMISSION_KINDS = frozenset({"steps", "money", "rate", "repeated_calls"})
 RESULT_KINDS = frozenset({"policy_hits", "repeated_results", "content"})
+#: Judged at admission on the count so far, counted once a model call has ended (its usage).
+USAGE_KINDS = frozenset({"tokens", "model_cost"})
+#: The kinds that take model calls (``model:NAME`` in ``tools``).
+MODEL_KINDS = frozenset({"steps", "rate", "policy_hits"}) | USAGE_KINDS
+#: How a call to a model is named, in rules as in ``[limits.tools]``; ``model:*``: any model.
+MODEL_PREFIX: Final = "model:"
+ANY_MODEL: Final = "model:*"
 #: Refusal codes that are not a policy hit: the run is already stopped, or the refusal clears by
 #: itself (the gateway's own transient trouble is not the agent's doing).
 NOT_HITS = frozenset(
@@ -81,15 +105,17 @@ class TripwireRule(ConfigModel):
     window_s: float | None = Field(default=None, gt=0)
     #: ``content``: the detector's name (``haltwire.tripwires.content.detector``).
     detector: str = "builtin"
+    #: ``tokens``: which tokens count (``total``: input and output).
+    count: Literal["input", "output", "total"] | None = None
 
     @model_validator(mode="after")
     def _fields_of_its_kind(self) -> TripwireRule:
         k = self.kind
-        budget = k in ("steps", "money", "rate")
+        budget = k in ("steps", "money", "rate", "tokens", "model_cost")
         if budget and self.limit is None:
             raise ValueError(f"{self.name}: a {k} rule needs limit")
         if not budget and self.limit is not None:
-            raise ValueError(f"{self.name}: limit is for steps, money and rate rules")
+            raise ValueError(f"{self.name}: limit is for steps, money, rate, tokens and model_cost rules")
         streak = k in ("policy_hits", "repeated_calls", "repeated_results")
         if streak and self.in_a_row is None:
             raise ValueError(f"{self.name}: a {k} rule needs in_a_row")
@@ -103,7 +129,30 @@ class TripwireRule(ConfigModel):
             raise ValueError(f"{self.name}: window_s is for rate rules, and they need it")
         if k != "rate" and self.per != "run":
             raise ValueError(f"{self.name}: per is for rate rules")
+        if self.count is not None and k != "tokens":
+            raise ValueError(f"{self.name}: count (input, output or total) is for tokens rules")
+        self._model_calls()
         return self
+
+    def _model_calls(self) -> None:
+        k, models = self.kind, [t for t in self.tools if t.startswith(MODEL_PREFIX)]
+        if k in USAGE_KINDS:
+            others = [t for t in self.tools if not t.startswith(MODEL_PREFIX)]
+            if others:
+                raise ValueError(
+                    f"{self.name}: a {k} rule counts model calls: tools names them as model:NAME "
+                    f"(or model:*), not {others[0]!r}"
+                )
+            if self.limit == 0:
+                raise ValueError(f"{self.name}: a {k} rule needs limit >= 1 (to refuse every model call, stop it)")
+        if k in USAGE_KINDS or models:
+            if k not in MODEL_KINDS:
+                raise ValueError(
+                    f"{self.name}: a {k} rule reads tool calls only; model calls ({models[0]}) take steps, "
+                    "rate, policy_hits, tokens and model_cost rules"
+                )
+            if self.label is not None:
+                raise ValueError(f"{self.name}: model calls have no label; a rule on them takes none")
 
     @property
     def stops(self) -> StopScope:
@@ -118,9 +167,12 @@ class TripwireRule(ConfigModel):
         return self.kind != "content" and self.per == "run"
 
     def counts(self, tool: str, label: Label | None) -> bool:
-        """Whether a call to ``tool`` (with ``label``) counts for this rule."""
-        if self.tools and tool not in self.tools:
-            return False
+        """Whether a call to ``tool`` (with ``label``; ``model:NAME``: a model call) counts."""
+        if self.tools:
+            if tool not in self.tools and not (ANY_MODEL in self.tools and tool.startswith(MODEL_PREFIX)):
+                return False
+        elif tool.startswith(MODEL_PREFIX) != (self.kind in USAGE_KINDS):
+            return False  # no tools: every tool call, or (the usage kinds) every model call
         return self.label is None or label == self.label
 
     def threshold(self) -> int:
@@ -256,7 +308,12 @@ def over_limit(
 ) -> tuple[str, dict[str, Any]]:
     """What a budget's trip says: where it was, what the call added, its limit."""
     limit = rule.limit
-    if rule.kind == "steps":
+    if rule.kind in USAGE_KINDS:
+        what = "cost" if rule.kind == "model_cost" else f"{rule.count or 'total'} tokens"
+        detail = f"run {run} has used {was} in {what} of model calls, its limit is {limit}"
+        if amount:
+            detail = f"{tool} brought the {what} of run {run}'s model calls to {was + amount}, its limit is {limit}"
+    elif rule.kind == "steps":
         detail = f"call {was + amount} of run {run} would pass its limit of {limit} tool calls"
     elif rule.kind == "money":
         detail = f"{was} spent through tools in run {run}, plus {amount} by {tool}, would pass its limit of {limit}"
