@@ -217,6 +217,48 @@ def _control(args: argparse.Namespace) -> int:
     return 0
 
 
+def _egress(args: argparse.Namespace) -> int:
+    from haltwire.egress import EgressProxy, load_config
+    from haltwire.watch import ControlUnreachable, WrongRole
+
+    try:
+        config = load_config(args.config)
+        config.control.resolve_token()  # a token_env naming an unset variable is a usage error
+        proxy = EgressProxy(config)  # and so is a lease secret that is missing or short
+    except ConfigError as exc:
+        print(f"haltwire egress: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    host = args.host or config.egress.host
+
+    async def run() -> None:
+        async with anyio.create_task_group() as tg:
+            port = await tg.start(proxy.run, host, args.port)
+            print(
+                f"haltwire egress {__version__} on http://{host}:{port} "
+                f"(control plane {', '.join(config.control.urls)})",
+                file=sys.stderr,
+                flush=True,
+            )
+            # SIGINT or SIGTERM: every connection is closed and the proxy ends.
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for _ in signals:
+                    tg.cancel_scope.cancel()
+                    break
+
+    try:
+        with unwrapped():
+            anyio.run(run)
+    except KeyboardInterrupt:
+        return 0
+    except WrongRole as exc:
+        print(f"haltwire egress: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ControlUnreachable, OSError) as exc:
+        print(f"haltwire egress: {exc}", file=sys.stderr)
+        return 3 if isinstance(exc, ControlUnreachable) else EXIT_RUNTIME
+    return 0
+
+
 def _hash_token(args: argparse.Namespace) -> int:
     print(token_sha256(args.token))
     return 0
@@ -287,6 +329,12 @@ def build_parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("executor", help="run the executor: it commits the intents of irreversible tools")
     ex.add_argument("--config", required=True, help="the gateway's TOML config file, with [executor]")
     ex.set_defaults(func=_executor)
+
+    eg = sub.add_parser("egress", help="run the egress proxy: a run's network traffic, cut when it is stopped")
+    eg.add_argument("--config", required=True, help="the egress proxy's TOML config file")
+    eg.add_argument("--host", default=None, help="override egress.host")
+    eg.add_argument("--port", type=int, default=None, help="override egress.port")
+    eg.set_defaults(func=_egress)
 
     ht = sub.add_parser("hash-token", help="print the SHA-256 of a token, for token_sha256 in the config")
     ht.add_argument("token")
