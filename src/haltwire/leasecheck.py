@@ -52,7 +52,9 @@ def run_refusal(watch: StopWatch, claims: LeaseClaims, point: str = "gateway") -
 def run_verdict(watch: StopWatch, claims: LeaseClaims) -> Refusal | None:
     """Step 2's verdict alone (a connection already open is judged by it as a stop lands)."""
     c = claims
-    verdict = watch.stops.verdict(lambda: run_scopes(c.run, c.agent, c.tenant, c.version), watch.clock(), c.generation)
+    verdict = watch.stops.verdict(
+        lambda: run_scopes(c.run, c.agent, c.tenant, c.version), watch.clock(), c.generation
+    )
     return None if verdict is None else verdict_refusal(verdict)
 
 
