@@ -19,7 +19,7 @@ import anyio.abc
 import tomli_w
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse
+from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from haltwire.egress import EgressProxy, parse_config
@@ -55,10 +55,26 @@ async def _hello(request: Request) -> PlainTextResponse:
     return PlainTextResponse(f"hello from target {request.url.path}")
 
 
+async def _headers(request: Request) -> JSONResponse:
+    """The request's headers as the target saw them."""
+    return JSONResponse(dict(request.headers))
+
+
+async def _length(request: Request) -> PlainTextResponse:
+    """How many body bytes the target received."""
+    return PlainTextResponse(str(len(await request.body())))
+
+
 @asynccontextmanager
 async def http_target() -> AsyncIterator[int]:
     """An HTTP server on loopback answering ``hello from target PATH``; yields its port."""
-    app = Starlette(routes=[Route("/{path:path}", _hello)])
+    app = Starlette(
+        routes=[
+            Route("/headers", _headers),
+            Route("/length", _length, methods=["POST"]),
+            Route("/{path:path}", _hello),
+        ]
+    )
     async with serving(app, lifespan="off") as url:
         yield int(url.rsplit(":", 1)[1])
 
@@ -159,8 +175,8 @@ async def curl(*args: str) -> Answer:
     argv = ["curl", "-s", "-i", "--max-time", "10", "--noproxy", "", *args]
     done = await anyio.to_thread.run_sync(lambda: subprocess.run(argv, capture_output=True, timeout=20))
     raw = done.stdout
-    # With -p (a tunnel), curl prints the CONNECT's answer first: keep the last response.
-    while raw.startswith(b"HTTP/1.1 200 Connection established"):
+    # With -p (a tunnel), curl prints the CONNECT's answer first, and any 1xx: keep the final one.
+    while raw.startswith((b"HTTP/1.1 200 Connection established", b"HTTP/1.1 1")):
         raw = raw.partition(b"\r\n\r\n")[2]
     head, _, body = raw.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")

@@ -68,8 +68,20 @@ async def test_an_allowed_host_is_served_by_forward_and_by_tunnel_with_curl_and_
         async with httpx2.AsyncClient(proxy=f"http://run-1:{token}@127.0.0.1:{port}", timeout=10) as http:
             r = await http.get(f"http://127.0.0.1:{web}/via-httpx", params={"q": "1"})
             assert (r.status_code, r.text) == (200, "hello from target /via-httpx")
-            r = await http.post(f"http://127.0.0.1:{web}/post", content=b"x" * 100_000)
-            assert r.status_code == 405  # the target's answer, body streamed through and back
+            r = await http.post(f"http://127.0.0.1:{web}/length", content=b"x" * 300_000)
+            assert (r.status_code, r.text) == (200, "300000")  # the body streamed through
+            seen = (await http.get(f"http://127.0.0.1:{web}/headers", headers={"Connection": "X-Secret"})).json()
+            # The lease token is the proxy's credential: the target never sees it, nor hop-by-hop headers.
+            assert "proxy-authorization" not in seen and token not in str(seen)
+            assert seen["host"] == f"127.0.0.1:{web}" and seen["connection"] == "close"
+        # curl waits for "100 Continue" before a large body: the proxy passes it on.
+        body = tmp_path / "body.bin"
+        body.write_bytes(b"y" * 2_000_000)
+        continued = await curl(
+            "-x", proxy, "--proxy-user", f"run-1:{token}", "-H", "Expect: 100-continue",
+            "--data-binary", f"@{body}", f"http://127.0.0.1:{web}/length",
+        )  # fmt: skip
+        assert (continued.status, continued.body) == (200, b"2000000")
 
         stream, answer = await connect_via(port, f"127.0.0.1:{echo.port}", basic("run-1", token))
         assert answer.status == 200

@@ -182,6 +182,12 @@ class Proxy:
         upstream: anyio.abc.SocketStream,
         claims: LeaseClaims,
     ) -> None:
+        if opened.cut_by is not None:  # a stop landed while the target was connected to
+            self.connections.closed(opened)
+            await upstream.aclose()
+            refused = run_refusal(self.connections.watch, claims, POINT)
+            await _answer(client, refused or refusal.lease_expired(claims.run))
+            return
         try:
             with opened.scope:  # a stop, the lease's expiry or a stale watch cancels it
                 async with upstream:

@@ -76,13 +76,12 @@ async def _until_over(copy: Callable[[], Awaitable[None]], both: anyio.CancelSco
         both.cancel()
 
 
-def _forwarded_headers(headers: list[tuple[bytes, bytes]], host: bytes | None) -> list[tuple[bytes, bytes]]:
+def _forwarded_headers(headers: list[tuple[bytes, bytes]], host: bytes) -> list[tuple[bytes, bytes]]:
     named = {
         token.strip().lower() for key, value in headers if key == b"connection" for token in value.split(b",")
     }
     out = [(k, v) for k, v in headers if k not in _HOP_BY_HOP and k not in named and k != b"host"]
-    if host is not None:
-        out.insert(0, (b"host", host))
+    out.insert(0, (b"host", host))
     out.append((b"connection", b"close"))
     return out
 
@@ -101,9 +100,9 @@ async def forward(
     slash = after_scheme.find(b"/")
     authority = after_scheme if slash < 0 else after_scheme[:slash]
     path = b"/" if slash < 0 else after_scheme[slash:]
-    host = next((v for k, v in request.headers if k == b"host"), authority)
     upstream = h11.Connection(h11.CLIENT)
-    headers = _forwarded_headers(list(request.headers), host)
+    # The Host is the URI's authority, whatever the client's Host said (RFC 9112 3.2.2).
+    headers = _forwarded_headers(list(request.headers), authority)
     await _put(
         target, upstream, h11.Request(method=request.method, target=path, headers=headers), conn, up=True
     )
@@ -133,6 +132,11 @@ async def forward(
                     except anyio.EndOfStream:
                         data = b""
                 upstream.receive_data(data)
+            elif isinstance(event, h11.InformationalResponse):  # 100 Continue, 103 Early Hints
+                informational = h11.InformationalResponse(
+                    status_code=event.status_code, headers=event.headers, reason=event.reason
+                )
+                await _put(client, server, informational, conn, up=False)
             elif isinstance(event, h11.Response):
                 kept = [(k, v) for k, v in event.headers if k not in _HOP_BY_HOP]
                 kept.append((b"connection", b"close"))
