@@ -219,6 +219,7 @@ def _control(args: argparse.Namespace) -> int:
 
 def _egress(args: argparse.Namespace) -> int:
     from haltwire.egress import EgressProxy, load_config
+    from haltwire.listener import ListenerLimits, check_descriptors
     from haltwire.watch import ControlUnreachable, WrongRole
 
     try:
@@ -229,6 +230,12 @@ def _egress(args: argparse.Namespace) -> int:
         print(f"haltwire egress: {exc}", file=sys.stderr)
         return EXIT_USAGE
     host = args.host or config.egress.host
+    try:
+        # Each client connection holds two descriptors: its own and its target's.
+        check_descriptors([ListenerLimits(max_connections=2 * config.egress.max_connections)])
+    except ConfigError as exc:
+        print(f"haltwire egress: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
 
     async def run() -> None:
         async with anyio.create_task_group() as tg:
