@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -220,3 +221,16 @@ def run_command(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[
     """``python -m haltwire ARGS`` to its end (for its exit status and message)."""
     argv = [sys.executable, "-m", "haltwire", *args]
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
+def tls_client_hello(server_name: str | None) -> bytes:
+    """The first flight of a real TLS client (Python's ssl, OpenSSL): its ClientHello record(s),
+    naming ``server_name`` in SNI (None: no SNI)."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ctx.wrap_bio(incoming, outgoing, server_hostname=server_name)
+    with suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()

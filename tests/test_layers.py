@@ -104,7 +104,13 @@ def test_the_runtime_and_the_executor_use_no_gateway_or_control_plane_internals(
 
 #: The egress proxy's rules and state (``haltwire.egress``): no HTTP parser, socket or web
 #: framework in them; ``proxy``, ``relay`` and ``server`` are its HTTP edge and process.
-EGRESS_RULES = ["haltwire.egress.profiles", "haltwire.egress.auth", "haltwire.egress.config", "haltwire.egress.connections"]
+EGRESS_RULES = [
+    "haltwire.egress.profiles",
+    "haltwire.egress.auth",
+    "haltwire.egress.sni",
+    "haltwire.egress.config",
+    "haltwire.egress.connections",
+]
 
 
 def test_the_egress_proxy_uses_no_gateway_control_plane_or_store_internals() -> None:

@@ -29,7 +29,10 @@ before any byte reaches a target:
 7. the connection is registered for its run (``OpenConnections.open``, which judges the stops
    again: one may have landed while the name resolved), and the target is connected to within
    what is left of ``connect_timeout_s`` (else 503); from then on a stop, the lease's expiry or
-   a stale watch closes it (``haltwire.egress.connections``).
+   a stale watch closes it (``haltwire.egress.connections``);
+8. in a tunnel, the client's first bytes: a TLS ClientHello whose SNI names a host the profile
+   does not allow on the port (or that cannot be read) closes the tunnel before any byte
+   reaches the target (``_sni_screen``); bytes that are not TLS go on.
 """
 
 from __future__ import annotations
@@ -49,11 +52,11 @@ import anyio.abc
 import h11
 
 from haltwire import refusal
-from haltwire.egress import relay
+from haltwire.egress import relay, sni
 from haltwire.egress.auth import CHALLENGE, caller
 from haltwire.egress.config import EgressSection, Profiles
 from haltwire.egress.connections import POINT, Connection, Kind, OpenConnections
-from haltwire.egress.profiles import IPAddress, address_of
+from haltwire.egress.profiles import IPAddress, Profile, address_of, normal_host
 from haltwire.leasecheck import run_refusal
 from haltwire.refusal import Refusal
 from haltwire.tokens import LeaseClaims, LeaseKeys
@@ -171,13 +174,14 @@ class Proxy:
                 self.connections.closed(opened)
             await _answer(client, refusal.target_unreachable(str(target)))
             return
-        await self._relay(client, conn, request, opened, upstream, claims)
+        await self._relay(client, conn, request, target, opened, upstream, claims)
 
     async def _relay(
         self,
         client: anyio.abc.SocketStream,
         conn: h11.Connection,
         request: h11.Request,
+        target: Target,
         opened: Connection,
         upstream: anyio.abc.SocketStream,
         claims: LeaseClaims,
@@ -198,7 +202,8 @@ class Proxy:
                             h11.Response(status_code=200, headers=[], reason=b"Connection established"),
                         )
                         first = conn.trailing_data[0]
-                        await relay.tunnel(client, upstream, opened, first)
+                        screen = _sni_screen(opened, self.profiles.for_agent(claims.agent), target)
+                        await relay.tunnel(client, upstream, opened, first, screen)
                     else:
                         await relay.forward(
                             client, conn, upstream, request, opened, self.section.idle_timeout_s
@@ -206,6 +211,35 @@ class Proxy:
         finally:
             self.connections.closed(opened)
             log.debug("run %s: %s %s done", claims.run, request.method.decode(), opened.target)
+
+
+def _sni_screen(opened: Connection, profile: Profile, target: Target) -> Callable[[bytes], bool | None]:
+    """Step 8, in a tunnel: the TLS SNI of the client's ClientHello, when it sends one, must be the
+    ``CONNECT``'s host or another host the profile allows on that port; a ClientHello the proxy
+    cannot read closes the tunnel too (``haltwire.egress.sni``). A tunnel that does not start with
+    a TLS handshake has no SNI and goes on."""
+    host = normal_host(target.host)
+
+    def screen(data: bytes) -> bool | None:
+        hello = sni.client_hello(data)
+        if hello is sni.NEED_MORE:
+            return None
+        if hello is sni.NOT_TLS:
+            return True
+        if isinstance(hello, sni.Hello):
+            name = hello.sni
+            if (
+                name is None
+                or name == host
+                or profile.name_refusal(opened.claims.run, name, target.port) is None
+            ):
+                return True
+            opened.cut_by = f"its TLS SNI {name[:255]!r}, which profile {profile.name} does not allow"
+            return False
+        opened.cut_by = "a TLS ClientHello the proxy cannot read"
+        return False
+
+    return screen
 
 
 def _header(request: h11.Request, name: bytes) -> str | None:

@@ -42,14 +42,31 @@ _GONE = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError
 
 
 async def tunnel(
-    client: anyio.abc.SocketStream, target: anyio.abc.SocketStream, conn: Connection, first: bytes
+    client: anyio.abc.SocketStream,
+    target: anyio.abc.SocketStream,
+    conn: Connection,
+    first: bytes,
+    screen: Callable[[bytes], bool | None] | None = None,
 ) -> None:
-    """Copy bytes both ways until either side ends (``first``: bytes the client sent after its head)."""
+    """Copy bytes both ways until either side ends (``first``: bytes the client sent after its head).
+
+    ``screen`` judges the client's first bytes before any of them reaches the target: None, it
+    needs more (they are read and held meanwhile, while the target's bytes still flow down: a
+    server may speak first); True, they go on; False, the tunnel is closed (the TLS SNI check).
+    """
 
     async def up() -> None:
-        if first:
-            await target.send(first)
-            conn.sent += len(first)
+        pending = first
+        if screen is not None:
+            verdict = screen(pending)
+            while verdict is None:
+                pending += await client.receive(CHUNK)
+                verdict = screen(pending)
+            if not verdict:
+                return  # closed with nothing sent: ``_until_over`` ends the other direction
+        if pending:
+            await target.send(pending)
+            conn.sent += len(pending)
         while True:
             chunk = await client.receive(CHUNK)
             await target.send(chunk)
