@@ -393,3 +393,14 @@ def test_the_egress_command_exits_2_on_a_bad_config_and_3_without_a_control_plan
     done = run_command("egress", "--config", str(unreachable), "--port", str(free_port()))
     assert done.returncode == 3, done.stderr
     assert "did not replay its stops" in done.stderr
+
+
+async def test_the_egress_command_refuses_a_control_token_not_sent_every_stop(tmp_path: Path) -> None:
+    async with control_plane(tmp_path / "control.db") as cp:
+        config = egress_config(cp, {}, {})
+        config["control"]["token"] = "tok-agent"  # an agent's token sees only its own stops
+        path = tmp_path / "agent-token.toml"
+        path.write_text(tomli_w.dumps(config))
+        done = await anyio.to_thread.run_sync(lambda: run_command("egress", "--config", str(path)))
+    assert done.returncode == 2, done.stderr
+    assert "an egress proxy needs a token of role gateway" in done.stderr
