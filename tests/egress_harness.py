@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from haltwire.egress import EgressProxy, parse_config
-from haltwire.serve import serving
+from haltwire.serve import bind, serving
 from leases_harness import LEASES
 from redis_process import free_port
 from stops_harness import STALENESS_S
@@ -45,7 +45,7 @@ async def running_egress(
     """The proxy on a free loopback port until the block exits; yields it and its port."""
     proxy = EgressProxy(parse_config(config), **({"clock": clock} if clock is not None else {}))
     async with anyio.create_task_group() as tg:
-        port = await tg.start(proxy.run, "127.0.0.1", 0)
+        port = await tg.start(proxy.run, bind("127.0.0.1", 0))
         try:
             yield proxy, port
         finally:

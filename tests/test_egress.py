@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import socket
 import time
 from pathlib import Path
 
@@ -393,6 +394,11 @@ def test_the_egress_command_exits_2_on_a_bad_config_and_3_without_a_control_plan
     done = run_command("egress", "--config", str(unreachable), "--port", str(free_port()))
     assert done.returncode == 3, done.stderr
     assert "did not replay its stops" in done.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        done = run_command("egress", "--config", str(unreachable), "--port", str(taken.getsockname()[1]))
+    assert done.returncode == 1 and "cannot listen on 127.0.0.1:" in done.stderr, done.stderr
 
 
 async def test_the_egress_command_refuses_a_control_token_not_sent_every_stop(tmp_path: Path) -> None:

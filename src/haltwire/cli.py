@@ -220,6 +220,7 @@ def _control(args: argparse.Namespace) -> int:
 def _egress(args: argparse.Namespace) -> int:
     from haltwire.egress import EgressProxy, load_config
     from haltwire.listener import ListenerLimits, check_descriptors
+    from haltwire.serve import CannotListen, listen
     from haltwire.watch import ControlUnreachable, WrongRole
 
     try:
@@ -233,13 +234,15 @@ def _egress(args: argparse.Namespace) -> int:
     try:
         # Each client connection holds two descriptors: its own and its target's.
         check_descriptors([ListenerLimits(max_connections=2 * config.egress.max_connections)])
-    except ConfigError as exc:
+        # Before the control plane is asked anything: a taken port is said at once.
+        sock = listen(host, args.port if args.port is not None else config.egress.port)
+    except (CannotListen, ConfigError) as exc:
         print(f"haltwire egress: {exc}", file=sys.stderr)
         return EXIT_RUNTIME
 
     async def run() -> None:
         async with anyio.create_task_group() as tg:
-            port = await tg.start(proxy.run, host, args.port)
+            port = await tg.start(proxy.run, sock)
             print(
                 f"haltwire egress {__version__} on http://{host}:{port} "
                 f"(control plane {', '.join(config.control.urls)})",
@@ -260,9 +263,9 @@ def _egress(args: argparse.Namespace) -> int:
     except WrongRole as exc:
         print(f"haltwire egress: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (ControlUnreachable, OSError) as exc:
+    except ControlUnreachable as exc:
         print(f"haltwire egress: {exc}", file=sys.stderr)
-        return 3 if isinstance(exc, ControlUnreachable) else EXIT_RUNTIME
+        return 3
     return 0
 
 

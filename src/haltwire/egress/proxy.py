@@ -94,7 +94,7 @@ class Proxy:
         self._clock = clock
 
     async def handle(self, client: anyio.abc.SocketStream) -> None:
-        """Serve one client connection (steps 1 to 7), then close it."""
+        """Serve one client connection (steps 1 to 8), then close it."""
         async with client:
             conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.section.max_head_bytes)
             try:

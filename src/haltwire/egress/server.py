@@ -2,8 +2,9 @@
 
 ``EgressProxy.run`` owns, in one task group for the proxy's lifetime:
 
-1. the ``StopWatch`` following the control plane (started first: the proxy listens only once it
-   holds the stops issued before it started, as the gateway does);
+1. the ``StopWatch`` following the control plane (started first: the proxy accepts connections
+   only once it holds the stops issued before it started; the socket is bound beforehand, so a
+   connection made meanwhile waits in its backlog);
 2. the staleness guard: every ``stale_check_s`` it looks at whether the watch is current; the
    first time it is not, every open connection is closed (``OpenConnections.cut_all``) and every
    new request is refused ``registry_unreachable`` until the watch hears again. So a tunnel
@@ -18,6 +19,7 @@ connection.
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import Callable
 
@@ -42,23 +44,15 @@ class EgressProxy:
         self.clients = 0
 
     async def run(
-        self,
-        sock_host: str | None = None,
-        port: int | None = None,
-        *,
-        task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+        self, sock: socket.socket, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Serve until cancelled; reports started with the port it listens on."""
-        section = self.config.egress
-        host = sock_host or section.host
+        """Serve on ``sock`` (bound beforehand: ``haltwire.serve.listen``) until cancelled; reports
+        started, with the port it listens on, once its stops are current."""
         async with anyio.create_task_group() as tg:
             await self.watch.start(tg)
             tg.start_soon(self._guard)
-            listener = await anyio.create_tcp_listener(
-                local_host=host, local_port=section.port if port is None else port, reuse_port=False
-            )
-            bound = listener.extra(anyio.abc.SocketAttribute.local_port)
-            task_status.started(bound)
+            listener = await anyio.abc.SocketListener.from_socket(sock)
+            task_status.started(listener.extra(anyio.abc.SocketAttribute.local_port))
             async with listener:
                 await listener.serve(self._accept)
 
