@@ -85,6 +85,8 @@ class Echo:
     """A TCP echo server on loopback that records each connection's opening and closing."""
 
     port: int = 0
+    #: "echo": send back what comes; "silent": read and never answer; "hang-up": close at once.
+    mode: str = "echo"
     opened: int = 0
     closed: int = 0
     received: int = 0
@@ -99,10 +101,11 @@ class Echo:
         self._note()
         try:
             async with stream:
-                while True:
+                while self.mode != "hang-up":
                     data = await stream.receive()
                     self.received += len(data)
-                    await stream.send(data)
+                    if self.mode == "echo":
+                        await stream.send(data)
         except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
             pass
         finally:
@@ -116,8 +119,8 @@ class Echo:
 
 
 @asynccontextmanager
-async def echo_target() -> AsyncIterator[Echo]:
-    echo = Echo()
+async def echo_target(mode: str = "echo") -> AsyncIterator[Echo]:
+    echo = Echo(mode=mode)
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
     echo.port = listener.extra(anyio.abc.SocketAttribute.local_port)
     async with listener, anyio.create_task_group() as tg:

@@ -12,6 +12,7 @@ import logging
 import re
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -22,6 +23,7 @@ import tomli_w
 
 from egress_harness import (
     Answer,
+    Echo,
     basic,
     connect_via,
     curl,
@@ -71,7 +73,9 @@ async def test_an_allowed_host_is_served_by_forward_and_by_tunnel_with_curl_and_
             assert (r.status_code, r.text) == (200, "hello from target /via-httpx")
             r = await http.post(f"http://127.0.0.1:{web}/length", content=b"x" * 300_000)
             assert (r.status_code, r.text) == (200, "300000")  # the body streamed through
-            seen = (await http.get(f"http://127.0.0.1:{web}/headers", headers={"Connection": "X-Secret"})).json()
+            seen = (
+                await http.get(f"http://127.0.0.1:{web}/headers", headers={"Connection": "X-Secret"})
+            ).json()
             # The lease token is the proxy's credential: the target never sees it, nor hop-by-hop headers.
             assert "proxy-authorization" not in seen and token not in str(seen)
             assert seen["host"] == f"127.0.0.1:{web}" and seen["connection"] == "close"
@@ -410,3 +414,46 @@ async def test_the_egress_command_refuses_a_control_token_not_sent_every_stop(tm
         done = await anyio.to_thread.run_sync(lambda: run_command("egress", "--config", str(path)))
     assert done.returncode == 2, done.stderr
     assert "an egress proxy needs a token of role gateway" in done.stderr
+
+
+async def test_a_request_cut_before_its_answer_is_told_why(tmp_path: Path) -> None:
+    async with (
+        control_plane(tmp_path / "control.db") as cp,
+        echo_target("silent") as silent,
+        echo_target("hang-up") as hangup,
+        running_egress(egress_config(cp, _profiles(silent.port, hangup.port), {"ops-bot": "web"})) as (
+            _,
+            port,
+        ),
+    ):
+        proxy = f"http://127.0.0.1:{port}"
+        token = mint("run-q", generation=LATE)
+        # A target that closes without answering: 503, not a bare close.
+        gone = await curl("-x", proxy, "--proxy-user", f"run-q:{token}", f"http://127.0.0.1:{hangup.port}/")
+        assert gone.status == 503 and gone.error["code"] == "upstream_unavailable"
+
+        # A target that never answers, and a stop while the request waits: 403 stopped, at once.
+        answers: list[Answer] = []
+        async with anyio.create_task_group() as tg:
+
+            async def ask() -> None:
+                answers.append(
+                    await curl(
+                        "-x", proxy, "--proxy-user", f"run-q:{token}", f"http://127.0.0.1:{silent.port}/"
+                    )
+                )
+
+            tg.start_soon(ask)
+            await until(_received(silent))
+            issued = time.monotonic()
+            await issue(cp, "run:run-q", "hung")
+        assert time.monotonic() - issued < STOP_BOUND_S + 0.5
+        assert answers[0].status == 403 and answers[0].error["code"] == "stopped"
+        await silent.until_closed(1, within=2)
+
+
+def _received(echo: Echo) -> Callable[[], Awaitable[bool]]:
+    async def probe() -> bool:
+        return echo.received > 0
+
+    return probe

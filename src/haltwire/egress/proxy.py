@@ -186,12 +186,6 @@ class Proxy:
         upstream: anyio.abc.SocketStream,
         claims: LeaseClaims,
     ) -> None:
-        if opened.cut_by is not None:  # a stop landed while the target was connected to
-            self.connections.closed(opened)
-            await upstream.aclose()
-            refused = run_refusal(self.connections.watch, claims, POINT)
-            await _answer(client, refused or refusal.lease_expired(claims.run))
-            return
         try:
             with opened.scope:  # a stop, the lease's expiry or a stale watch cancels it
                 async with upstream:
@@ -210,7 +204,19 @@ class Proxy:
                         )
         finally:
             self.connections.closed(opened)
-            log.debug("run %s: %s %s done", claims.run, request.method.decode(), opened.target)
+        if conn.our_state is h11.SEND_RESPONSE:
+            # Nothing was answered yet (cut before the 200 or before the target's response, or the
+            # target closed without one): the client is told why, not left with a bare close.
+            cut = opened.cut_by is not None
+            refused = run_refusal(self.connections.watch, claims, POINT) if cut else None
+            if refused is None and conn.their_state is h11.ERROR:
+                refused = refusal.proxy_request_invalid("the request body is malformed")
+            if refused is None:
+                refused = (
+                    refusal.lease_expired(claims.run) if cut else refusal.target_unreachable(str(target))
+                )
+            with anyio.move_on_after(self.section.header_timeout_s):  # a client that does not read
+                await _answer(client, refused)
 
 
 def _sni_screen(opened: Connection, profile: Profile, target: Target) -> Callable[[bytes], bool | None]:
