@@ -4,15 +4,18 @@ which addresses a name may reach, and the config errors that name the key."""
 from __future__ import annotations
 
 import ipaddress
+import tomllib
+from pathlib import Path
 
 import pytest
 
 from haltwire.config import ConfigError
-from haltwire.egress import parse_config
+from haltwire.egress import load_config, parse_config
 from haltwire.egress.auth import presented_token
 from haltwire.egress.config import Profiles
 from haltwire.egress.profiles import NOTHING, Entry, Profile
 from haltwire.refusal import Refusal
+from haltwire.tokens import LeaseClaims, LeaseKeys
 
 WEB = Profile.parse(
     "web", ["api.example.com:443", "*.github.com:*", "10.1.0.0/16:5432", "[fd00::1]:80", "127.0.0.1:8080"]
@@ -150,3 +153,13 @@ def test_the_token_comes_from_basic_or_bearer(header: str | None, token: str | N
         assert isinstance(got, Refusal) and got.code == "proxy_auth_required"
     else:
         assert got == token
+
+
+def test_the_example_config_is_valid_and_verifies_the_example_control_planes_leases() -> None:
+    root = Path(__file__).resolve().parent.parent
+    config = load_config(root / "examples/egress.toml")
+    assert Profiles(config.egress).for_agent("ops-bot").name == "web"
+    control = tomllib.loads((root / "examples/control.toml").read_text())
+    signing = LeaseKeys({k["kid"]: k["secret"].encode() for k in control["leases"]["keys"]}, signing="k1")
+    token = signing.sign(LeaseClaims("run-1", "ops-bot", "acme", "1.0", 0, 0.0, 2e9))
+    assert config.leases.lease_keys().verify(token, now=1.0).run == "run-1"
