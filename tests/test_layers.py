@@ -102,6 +102,39 @@ def test_the_runtime_and_the_executor_use_no_gateway_or_control_plane_internals(
         assert bad == set(), module
 
 
+#: The egress proxy's rules and state (``haltwire.egress``): no HTTP parser, socket or web
+#: framework in them; ``proxy``, ``relay`` and ``server`` are its HTTP edge and process.
+EGRESS_RULES = [
+    "haltwire.egress.profiles",
+    "haltwire.egress.auth",
+    "haltwire.egress.sni",
+    "haltwire.egress.config",
+    "haltwire.egress.connections",
+]
+
+
+def test_the_egress_proxy_uses_no_gateway_control_plane_or_store_internals() -> None:
+    # It shares with the gateway only the package root's modules (leasecheck, watch, tokens, ...).
+    assert any(m.startswith("haltwire.egress.") for m in GRAPH)
+    for module, targets in GRAPH.items():
+        if not module.startswith("haltwire.egress"):
+            continue
+        bad = {
+            t
+            for t in targets
+            if t.startswith(
+                ("haltwire.gateway", "haltwire.control", "haltwire.store", "haltwire.runtime", "haltwire.executor")
+            )
+        }
+        assert bad == set(), module
+
+
+@pytest.mark.parametrize("module", EGRESS_RULES)
+def test_the_egress_rules_know_nothing_of_http(module: str) -> None:
+    assert _third_party(modules()[module]) & {*HTTP, "h11"} == set()
+    assert not GRAPH[module] & {"haltwire.egress.proxy", "haltwire.egress.relay", "haltwire.egress.server"}
+
+
 def test_the_store_imports_no_process() -> None:
     for module, targets in GRAPH.items():
         if module.startswith("haltwire.store"):

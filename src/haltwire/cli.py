@@ -223,6 +223,58 @@ def _control(args: argparse.Namespace) -> int:
     return 0
 
 
+def _egress(args: argparse.Namespace) -> int:
+    from haltwire.egress import EgressProxy, load_config
+    from haltwire.listener import ListenerLimits, check_descriptors
+    from haltwire.serve import CannotListen, listen
+    from haltwire.watch import ControlUnreachable, WrongRole
+
+    try:
+        config = load_config(args.config)
+        config.control.resolve_token()  # a token_env naming an unset variable is a usage error
+        proxy = EgressProxy(config)  # and so is a lease secret that is missing or short
+    except ConfigError as exc:
+        print(f"haltwire egress: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    host = args.host or config.egress.host
+    try:
+        # Each client connection holds two descriptors: its own and its target's.
+        check_descriptors([ListenerLimits(max_connections=2 * config.egress.max_connections)])
+        # Before the control plane is asked anything: a taken port is said at once.
+        sock = listen(host, args.port if args.port is not None else config.egress.port)
+    except (CannotListen, ConfigError) as exc:
+        print(f"haltwire egress: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
+
+    async def run() -> None:
+        async with anyio.create_task_group() as tg:
+            port = await tg.start(proxy.run, sock)
+            print(
+                f"haltwire egress {__version__} on http://{host}:{port} "
+                f"(control plane {', '.join(config.control.urls)})",
+                file=sys.stderr,
+                flush=True,
+            )
+            # SIGINT or SIGTERM: every connection is closed and the proxy ends.
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for _ in signals:
+                    tg.cancel_scope.cancel()
+                    break
+
+    try:
+        with unwrapped():
+            anyio.run(run)
+    except KeyboardInterrupt:
+        return 0
+    except WrongRole as exc:
+        print(f"haltwire egress: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ControlUnreachable as exc:
+        print(f"haltwire egress: {exc}", file=sys.stderr)
+        return 3
+    return 0
+
+
 def _hash_token(args: argparse.Namespace) -> int:
     print(token_sha256(args.token))
     return 0
@@ -303,6 +355,12 @@ def build_parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("executor", help="run the executor: it commits the intents of irreversible tools")
     ex.add_argument("--config", required=True, help="the gateway's TOML config file, with [executor]")
     ex.set_defaults(func=_executor)
+
+    eg = sub.add_parser("egress", help="run the egress proxy: a run's network traffic, cut when it is stopped")
+    eg.add_argument("--config", required=True, help="the egress proxy's TOML config file")
+    eg.add_argument("--host", default=None, help="override egress.host")
+    eg.add_argument("--port", type=int, default=None, help="override egress.port")
+    eg.set_defaults(func=_egress)
 
     ht = sub.add_parser("hash-token", help="print the SHA-256 of a token, for token_sha256 in the config")
     ht.add_argument("token")

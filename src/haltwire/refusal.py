@@ -46,6 +46,7 @@ TERMINAL_CODES: Final = frozenset(
         "idempotency_conflict",
         "outcome_unknown",
         "intent_refused",
+        "egress_denied",
     }
 )
 
@@ -56,7 +57,16 @@ TRANSIENT_CODES: Final = frozenset(
 
 #: Codes for a call that cannot be answered as made; neither a stop nor transient.
 REQUEST_CODES: Final = frozenset(
-    {"payload_too_large", "invalid_request", "unknown_intent", "intent_unreadable", "forbidden", "unknown_model"}
+    {
+        "payload_too_large",
+        "invalid_request",
+        "unknown_intent",
+        "intent_unreadable",
+        "forbidden",
+        "unknown_model",
+        "proxy_auth_required",
+        "proxy_request_invalid",
+    }
 )
 
 #: The refusal the seed warns against, kept for ``haltwire demo loop`` to show what it does.
@@ -90,6 +100,11 @@ HTTP_STATUS: Final[dict[str, int]] = {
     # The control plane answered the gateway with something it cannot pass on.
     "intent_unreadable": 502,
     "rate_limited": 429,
+    # The egress proxy's (haltwire.egress): a host its profile does not allow, no credentials,
+    # a request a forward proxy cannot serve.
+    "egress_denied": 403,
+    "proxy_auth_required": 407,
+    "proxy_request_invalid": 400,
 }
 
 
@@ -330,12 +345,61 @@ def provider_unavailable(provider: str, retry_after_s: float = 5.0) -> Refusal:
     )
 
 
-def registry_unreachable(retry_after_s: float = 5.0) -> Refusal:
+def registry_unreachable(retry_after_s: float = 5.0, point: str = "gateway") -> Refusal:
+    """``point``: which enforcement point lost touch (``gateway``, ``egress proxy``)."""
+    what = "calls" if point == "gateway" else "requests"
     return Refusal(
         code="registry_unreachable",
         message=(
-            "The gateway has lost touch with the stop registry and admits no calls until it is back, "
+            f"The {point} has lost touch with the stop registry and admits no {what} until it is back, "
             f"so wait {retry_after_s:g} s and then send this call again."
+        ),
+        retryable=True,
+        retry_after_s=retry_after_s,
+    )
+
+
+def egress_denied(run: str, target: str, profile: str) -> Refusal:
+    """The egress proxy's profile for the run does not allow ``target`` (``HOST:PORT``)."""
+    if profile == "none":
+        clause = f"Run {run} may reach nothing through the egress proxy (its profile is none) and {target} was not contacted"
+    else:
+        clause = f"Run {run} may not reach {target} through the egress proxy (profile {profile})"
+    return _terminal("egress_denied", clause, extra=(("run", run), ("target", target), ("profile", profile)))
+
+
+def egress_private_address(run: str, target: str, address: str, profile: str) -> Refusal:
+    """``egress_denied``: ``target``'s name resolves to a private, loopback or otherwise non-public
+    ``address`` that the profile does not list by address."""
+    return _terminal(
+        "egress_denied",
+        f"Run {run} may not reach {target} through the egress proxy because it resolves to the "
+        f"non-public address {address} and profile {profile} does not list that address",
+        extra=(("run", run), ("target", target), ("profile", profile), ("address", address)),
+    )
+
+
+def proxy_auth_required(why: str) -> Refusal:
+    """No usable proxy credentials (answered 407 with ``Proxy-Authenticate``)."""
+    return _request(
+        "proxy_auth_required",
+        f"The egress proxy needs the run's lease token as proxy credentials ({why}): send it as the "
+        "password of Proxy-Authorization Basic (HTTPS_PROXY=http://RUN:TOKEN@HOST:PORT) or as a Bearer token.",
+    )
+
+
+def proxy_request_invalid(why: str) -> Refusal:
+    """A request a forward proxy cannot serve: not an absolute http URI nor a CONNECT, say."""
+    return _request("proxy_request_invalid", f"The egress proxy cannot forward this request ({why}).")
+
+
+def target_unreachable(target: str, retry_after_s: float = 5.0) -> Refusal:
+    """``upstream_unavailable`` at the egress proxy: ``target`` does not resolve or does not answer."""
+    return Refusal(
+        code="upstream_unavailable",
+        message=(
+            f"The egress proxy cannot reach {target} right now, "
+            f"so wait {retry_after_s:g} s and then send this request again."
         ),
         retryable=True,
         retry_after_s=retry_after_s,

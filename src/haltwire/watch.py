@@ -70,6 +70,8 @@ class Point(NamedTuple):
 GATEWAY: Final = Point("a gateway", "gateway")
 EXECUTOR: Final = Point("an executor", "executor")
 VERIFIER: Final = Point("a credential verifier", "viewer")
+#: The egress proxy needs every stop, as a gateway does, and uses a gateway-role token.
+EGRESS: Final = Point("an egress proxy", "gateway")
 
 
 def require_every_stop(answer: Any, url: str, point: Point) -> None:

@@ -16,16 +16,16 @@ terminal: a runtime whose lease is gone must stop, not retry.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final
 
 from haltwire import refusal
 from haltwire.identity import Identity, IdentityKey
+from haltwire.leasecheck import token_claims
 from haltwire.meta import LEASE_META, RUN_META
 from haltwire.refusal import Refusal
-from haltwire.tokens import LeaseClaims, LeaseKeys, LeaseTokenError
+from haltwire.tokens import LeaseClaims, LeaseKeys
 
 _MAX_SCOPE_CACHE: Final = 65_536
 
@@ -71,17 +71,9 @@ class LeaseCheck:
             return None
         if not isinstance(token, str) or not token:
             return refusal.lease_invalid("the lease token is empty or not a string")
-        try:
-            # Signature only here (no clock can expire it): expiry is judged below, so the
-            # refusal can name the run of an authentic but expired lease.
-            claims = self.keys.verify(token, now=-math.inf)
-        except LeaseTokenError as exc:
-            return refusal.lease_invalid(str(exc))
-        except (ValueError, TypeError):
-            # Anything a malformed token makes the JWT library raise beyond its own errors.
-            return refusal.lease_invalid("the token cannot be read")
-        if self._clock() >= claims.expires_at:  # no leeway, as LeaseKeys.verify
-            return refusal.lease_expired(claims.run)
+        claims = token_claims(self.keys, token, self._clock())
+        if isinstance(claims, Refusal):
+            return claims
         if (claims.agent, claims.tenant, claims.version) != (
             identity.agent,
             identity.tenant,

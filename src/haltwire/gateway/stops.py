@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from haltwire import refusal
 from haltwire.identity import Identity
+from haltwire.leasecheck import run_refusal
+from haltwire.leasecheck import verdict_refusal as _refusal
 from haltwire.refusal import Refusal
-from haltwire.scope import call_scopes, run_scopes
-from haltwire.stops import Stopped, Verdict
+from haltwire.scope import call_scopes
 from haltwire.tokens import LeaseClaims
 from haltwire.watch import StopWatch
 
@@ -57,17 +58,6 @@ def credential_refusal(watch: StopWatch, credential: LeaseClaims) -> Refusal | N
     """Whether a broker credential may authenticate a request at all, whatever it asks: not while
     the watch is stale (a stop on its run could not be known), nor while a stop matches its run's
     scopes (run, agent, tenant, version, global; a tool stop refuses calls to the tool, it revokes
-    no credential), nor ever again once a stop on them came after its grant (fenced)."""
-    if not watch.current():
-        return refusal.registry_unreachable(watch.link.staleness_s)
-    c = credential
-    verdict = watch.stops.verdict(lambda: run_scopes(c.run, c.agent, c.tenant, c.version), watch.clock(), c.generation)
-    return None if verdict is None else _refusal(verdict)
-
-
-def _refusal(verdict: Verdict) -> Refusal:
-    if isinstance(verdict, Stopped):
-        return refusal.stopped(str(verdict.scope), verdict.stop.stop_id, verdict.stop.reason)
-    return refusal.lease_invalid(
-        f"granted before stop revision {verdict.revision} on this run; the run must get a new lease or credential"
-    )
+    no credential), nor ever again once a stop on them came after its grant (fenced). The rule is
+    ``haltwire.leasecheck.run_refusal``, which the egress proxy applies to a lease too."""
+    return run_refusal(watch, credential)

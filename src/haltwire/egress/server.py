@@ -1,0 +1,86 @@
+"""The egress proxy process: the watch, the listener, and the guard that fails closed.
+
+``EgressProxy.run`` owns, in one task group for the proxy's lifetime:
+
+1. the ``StopWatch`` following the control plane (started first: the proxy accepts connections
+   only once it holds the stops issued before it started; the socket is bound beforehand, so a
+   connection made meanwhile waits in its backlog);
+2. the staleness guard: every ``stale_check_s`` it looks at whether the watch is current; the
+   first time it is not, every open connection is closed (``OpenConnections.cut_all``) and every
+   new request is refused ``registry_unreachable`` until the watch hears again. So a tunnel
+   outlives a lost control plane by at most ``staleness_s + stale_check_s``;
+3. the listener: a task per client connection (``Proxy.handle``), owned by the listener's task
+   group; past ``max_connections`` open ones, a new connection is closed as it is accepted.
+
+Cancelling ``run`` (SIGINT/SIGTERM in ``haltwire egress``) cancels all three, closing every
+connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable
+
+import anyio
+import anyio.abc
+
+from haltwire.egress.config import EgressConfig
+from haltwire.egress.connections import OpenConnections
+from haltwire.egress.proxy import Proxy
+from haltwire.watch import EGRESS, StopWatch
+
+log = logging.getLogger("haltwire.egress")
+
+
+class EgressProxy:
+    def __init__(self, config: EgressConfig, *, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.watch = StopWatch(config.control, point=EGRESS, clock=clock)
+        self.connections = OpenConnections(self.watch, clock=clock)
+        self.proxy = Proxy(config.egress, config.leases.lease_keys(), self.connections, clock=clock)
+        #: Client connections open now (the cap's count).
+        self.clients = 0
+
+    async def run(
+        self, sock: socket.socket, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Serve on ``sock`` (bound beforehand: ``haltwire.serve.listen``) until cancelled; reports
+        started, with the port it listens on, once its stops are current."""
+        async with anyio.create_task_group() as tg:
+            await self.watch.start(tg)
+            tg.start_soon(self._guard)
+            listener = await anyio.abc.SocketListener.from_socket(sock)
+            task_status.started(listener.extra(anyio.abc.SocketAttribute.local_port))
+            async with listener:
+                await listener.serve(self._accept)
+
+    async def _accept(self, client: anyio.abc.SocketStream) -> None:
+        if self.clients >= self.config.egress.max_connections:
+            await client.aclose()  # no answer: answering would cost what the cap protects
+            return
+        self.clients += 1
+        try:
+            await self.proxy.handle(client)
+        except Exception:
+            # One connection's failure must not end the listener (and every other connection).
+            log.exception("egress connection failed")
+        finally:
+            self.clients -= 1
+
+    async def _guard(self) -> None:
+        stale = False
+        while True:
+            await anyio.sleep(self.config.egress.stale_check_s)
+            if self.watch.current():
+                stale = False
+                continue
+            if not stale:
+                cut = self.connections.cut_all("stale watch")
+                log.error(
+                    "the watch has heard nothing for over %g s: %d connections closed, every request refused",
+                    self.config.control.staleness_s,
+                    cut,
+                )
+            stale = True
