@@ -8,7 +8,7 @@ The gateway (``haltwire.gateway.leases``, ``haltwire.gateway.stops``) and the eg
    so that the refusal of an authentic but expired lease can name its run.
 2. ``run_refusal``: the watch must be current (heard from within ``staleness_s``), else
    ``registry_unreachable`` (fail closed); then ``StopSet.verdict`` on the run's scopes (run,
-   agent, tenant, version, global; never a tool's) and the grant's generation: an active stop
+   agent, tenant, version, global; never a tool's or a model's) and the grant's generation: an active stop
    is ``stopped``, a stop on them issued after the grant is ``lease_invalid`` (fenced), even
    once cleared.
 """

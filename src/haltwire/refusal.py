@@ -171,8 +171,7 @@ class Refusal:
 
 
 def for_people(r: Refusal) -> str:
-    """``r``'s sentence without the words meant for a model (the control plane answers operators
-    and runtimes, which stop by themselves: telling them to "stop calling tools" misleads)."""
+    """``r``'s sentence without the words for a model: the control plane answers people and runtimes."""
     tail = f", {STOP_AND_TELL}"
     return f"{r.message.removesuffix(tail)}." if r.message.endswith(tail) else r.message
 
