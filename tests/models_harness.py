@@ -94,13 +94,16 @@ def lease_token(run: str, identity: Identity = OPS) -> str:
     return keys.sign(LeaseClaims(run, identity.agent, identity.tenant, identity.version, 0, now, now + 60))
 
 
-def models_section(provider_url: str, prices: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def models_section(
+    provider_url: str, prices: dict[str, Any] | None = None, **options: Any
+) -> list[dict[str, Any]]:
     entry = {
         "name": "scripted",
         "base_url": f"{provider_url}/v1",
         "api_key_env": KEY_ENV,
         "models": ["gpt-test"],
         "prefixes": ["scripted-"],
+        **options,
     }
     return [{**entry, "prices": prices} if prices else entry]
 
@@ -113,6 +116,7 @@ async def model_stack(
     runs: bool = False,
     provider_url: str | None = None,
     prices: dict[str, Any] | None = None,
+    model_options: dict[str, Any] | None = None,
     **sections: Any,
 ) -> AsyncIterator[Stack]:
     """The scripted provider, a demo upstream, a gateway routing ``gpt-test`` and ``scripted-*`` to
@@ -136,7 +140,7 @@ async def model_stack(
                 serving(create_control_app(parse_control_config(data)), graceful_s=1)
             )
             sections["control"] = {"url": cp, "token": "tok-gateway", "staleness_s": STALENESS_S}
-        sections.setdefault("models", models_section(provider_url or purl, prices))
+        sections.setdefault("models", models_section(provider_url or purl, prices, **(model_options or {})))
         app = create_app(parse_config(config_dict(up, **sections)))
         await app.start(stack)
         counted = Counted(app)

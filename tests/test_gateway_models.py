@@ -22,7 +22,7 @@ from haltwire.gateway.config import parse_config
 from haltwire.gateway.killswitch import write_suspensions
 from haltwire.gateway.usage import Usage
 from haltwire.runtime import ControlClient, Lease
-from harness import TOKENS, config_dict
+from harness import TOKENS, config_dict, connect
 from model_provider import chat_events
 from models_harness import (
     LEASE_SECRET,
@@ -332,6 +332,18 @@ async def test_a_model_call_is_one_step_of_the_budget_refused_once_past_it(tmp_p
         assert isinstance(caught.value.body, dict) and caught.value.body["code"] == "budget_exhausted"
         assert s.counted.requests[RESPONSES] == 2
         assert len(s.provider.seen) == 1
+
+
+async def test_a_model_configured_to_count_as_no_step_spends_no_step_of_the_tool_budget(tmp_path: Path) -> None:
+    limits = {"budget": 1, "window_s": 1_000_000_000}
+    async with model_stack(tmp_path, limits=limits, model_options={"counts_as_step": False}) as s:
+        for _ in range(3):
+            await s.client().responses.create(model="gpt-test", input="hi")
+        async with connect(s.base_url.removesuffix("/v1") + "/mcp", TOKENS["ops-bot"]) as mcp:
+            served = await mcp.call_tool("lookup_order", {"order_id": "A-1"})
+            assert not served.is_error, served
+            refused_ = await mcp.call_tool("lookup_order", {"order_id": "A-1"})
+            assert refused_.is_error and (refused_.structured_content or {})["error"]["code"] == "budget_exhausted"
 
 
 async def test_too_many_in_flight_is_transient_429_with_retry_after(tmp_path: Path) -> None:

@@ -145,12 +145,19 @@ class Ceilings:
         return resolved
 
     async def admit(
-        self, identity: Identity, tool: str, run: str | None = None, tallies: Sequence[TallyOp] = ()
+        self,
+        identity: Identity,
+        tool: str,
+        run: str | None = None,
+        tallies: Sequence[TallyOp] = (),
+        step: bool = True,
     ) -> Ticket | Refusal:
         """Admit one call (in ``run``, when it presented a lease) or say why not.
 
         ``tallies``: the tripwires' counts of the call (``haltwire.tripwires.engine``), checked and
         taken in the same atomic admission (one round trip), all or nothing with the counters.
+        ``step`` false: the call is no step of the identity's budget nor of the run's (a model
+        configured so); its tool's budget and the in-flight caps still apply.
         Fails closed when the counters cannot be reached.
         """
         c = self.for_call(identity, tool)
@@ -159,11 +166,11 @@ class Ceilings:
         ends = (window + 1) * c.window_s
         counted = identity.counted_as
         budgets: list[BudgetCounter] = []
-        if c.budget is not None:
+        if step and c.budget is not None:
             budgets.append(BudgetCounter(f"{counted}:b", window, c.budget, ends))
         if c.tool_budget is not None:
             budgets.append(BudgetCounter(f"{counted}:b:{tool}", window, c.tool_budget, ends))
-        if run is not None and c.run_steps is not None:
+        if step and run is not None and c.run_steps is not None:
             # Keyed under the identity (one Redis Cluster slot with its other counters); window 0
             # for the run's whole life, kept RUN_WINDOW_S from its first call.
             budgets.append(BudgetCounter(f"{counted}:r:{run}", 0, c.run_steps, now + RUN_WINDOW_S))

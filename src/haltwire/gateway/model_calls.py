@@ -187,7 +187,7 @@ class ModelCalls:
         provider, limited_as = routed
         if gateway.call_log is not None:
             reached("routed")
-        ticket = await gateway.admit(identity, name, run, None)
+        ticket = await gateway.admit(identity, name, run, None, provider.route.counts_as_step)
         if isinstance(ticket, Refusal):
             await self._judged(identity, name, run, ticket)
             await respond(send, ticket)

@@ -54,6 +54,9 @@ class ModelRoute(ConfigModel):
     connect_timeout_s: float = Field(default=10.0, gt=0)
     #: Model name (``"*"``: any other model routed here) to its price.
     prices: dict[str, ModelPrice] = Field(default_factory=dict)
+    #: Whether a call counts as a step of the identity's ``budget`` and the run's ``run_steps``
+    #: (false: only ``[limits.tools."model:NAME"]``, the in-flight caps and the tripwires count it).
+    counts_as_step: bool = True
 
     @field_validator("base_url")
     @classmethod

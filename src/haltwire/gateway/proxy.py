@@ -294,16 +294,22 @@ class Gateway:
             await released(ticket, identity)
 
     async def admit(
-        self, identity: Identity, name: str, run: str | None, arguments: dict[str, Any] | None
+        self,
+        identity: Identity,
+        name: str,
+        run: str | None,
+        arguments: dict[str, Any] | None,
+        step: bool = True,
     ) -> Ticket | Refusal:
         """Admission, for a tool call and a model call (``model:NAME``) alike: the tripwires'
         counts of the call (``Tripwires.plan``) taken with the ceilings' in one atomic admission,
-        then judged (``Tripwires.judge``). The ticket's slots are held until ``released``."""
+        then judged (``Tripwires.judge``). ``step``: ``Ceilings.admit``'s. The ticket's slots are
+        held until ``released``."""
         tripwires = self.tripwires
         plan = None if tripwires is None else tripwires.plan(identity, name, run, arguments)
         if isinstance(plan, Refusal):
             return plan
-        ticket = await self.ceilings.admit(identity, name, run, () if plan is None else plan.ops)
+        ticket = await self.ceilings.admit(identity, name, run, () if plan is None else plan.ops, step)
         if isinstance(ticket, Refusal):
             return ticket
         if self.call_log is not None:
