@@ -11,9 +11,17 @@ from typing import Any
 import anyio
 import httpx2
 import jsonschema_rs
+import pytest
 
 from control_harness import TOKEN
 from haltwire.control.routes import document
+
+#: ``--max-examples`` (fuzzed cases per operation) of the schemathesis tests: a short run by
+#: default, and the soak variant's (``-m soak``) longer one.
+SCHEMATHESIS_EXAMPLES = [
+    pytest.param("4", id="4-examples"),
+    pytest.param("10", id="10-examples", marks=pytest.mark.soak),
+]
 
 #: The schemathesis 4 checks the run applies (the CLI names them so).
 CHECKS = "not_a_server_error,response_schema_conformance,status_code_conformance,content_type_conformance"

@@ -194,12 +194,16 @@ secret = "kill-rounds-lease-key-xxxxxxxxxxxxxxxxxxxxxxxx"
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.parametrize("rounds", [1, pytest.param(3, marks=pytest.mark.soak)], ids=["1-round", "3-rounds"])
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
-async def test_kill_9_rounds_leave_no_write_without_its_audit_record(tmp_path: Path, backend: str) -> None:
-    """The issue's kill rounds (3 here, each a fresh start of two processes): stops, clears and runs written from four clients at once, the
-    control plane killed with SIGKILL at a random moment, restarted. Every stop and run that
-    exists has its audit record (``verify`` checks the registry against the log), and every
-    write that was acknowledged exists."""
+async def test_kill_9_rounds_leave_no_write_without_its_audit_record(
+    tmp_path: Path, backend: str, rounds: int
+) -> None:
+    """The issue's kill rounds (each a fresh start of two processes): stops, clears and runs
+    written from four clients at once, the control plane killed with SIGKILL at a random moment,
+    restarted. Every stop and run that exists has its audit record (``verify`` checks the
+    registry against the log), and every write that was acknowledged exists. One round in the
+    default run; the soak variant (``-m soak``) runs 3 rounds."""
     rng = random.Random(os.environ.get("HALTWIRE_CRASH_SEED", "kill-rounds"))
     port = free_port()
     with registry_section(backend, tmp_path) as registry:
@@ -208,7 +212,7 @@ async def test_kill_9_rounds_leave_no_write_without_its_audit_record(tmp_path: P
         acknowledged: set[str] = set()
         runs: set[str] = set()
         async with control_process(config, port) as plane:
-            for round_ in range(3):
+            for round_ in range(rounds):
                 await plane.start(within=120)  # two processes' imports, on a busy 2-core machine
                 async with httpx2.AsyncClient(base_url=plane.url, timeout=5) as http:
 
@@ -230,10 +234,16 @@ async def test_kill_9_rounds_leave_no_write_without_its_audit_record(tmp_path: P
                             except httpx2.TransportError:
                                 return  # killed
 
+                    before = len(acknowledged), len(runs)
                     async with anyio.create_task_group() as tg:
                         for n in range(4):
                             tg.start_soon(writer, n)
-                        await anyio.sleep(rng.uniform(0.2, 0.8))
+                        # Some writes of each kind in every round (a busy machine may be slow to
+                        # make any), then the kill at a random moment among the later ones.
+                        with anyio.fail_after(60):
+                            while len(acknowledged) < before[0] + 4 or len(runs) < before[1] + 4:
+                                await anyio.sleep(0.01)
+                        await anyio.sleep(rng.uniform(0.0, 0.6))
                         await plane.kill_9()
             await plane.start(within=120)
             async with httpx2.AsyncClient(base_url=plane.url, timeout=10) as http:

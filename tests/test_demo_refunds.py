@@ -26,7 +26,8 @@ from haltwire.demo.shop import INJECTED_ORDER, ORDERS
 
 pytestmark = pytest.mark.slow
 
-RUNS = 50
+#: The default run's repeated runs, and the soak's (``-m soak``): the issue's acceptance says 50.
+SHORT_RUNS, SOAK_RUNS = 3, 50
 #: The five orders refunded, and the sixth: the injected one and those read after it.
 AFTER = list(ORDERS)[list(ORDERS).index(INJECTED_ORDER) :]
 
@@ -55,14 +56,24 @@ def rows(refunds: list[dict[str, Any]]) -> list[tuple[str, str, int, str]]:
 
 
 @pytest.mark.timeout(300)
-def test_fifty_runs_are_each_capped_at_exactly_five_refunds_and_the_report_matches_the_shop() -> None:
-    done = demo("--runs", str(RUNS), "--json", timeout=240)
+@pytest.mark.parametrize(
+    "count",
+    [
+        pytest.param(SHORT_RUNS, id=f"{SHORT_RUNS}-runs"),
+        pytest.param(SOAK_RUNS, id=f"{SOAK_RUNS}-runs", marks=pytest.mark.soak),
+    ],
+)
+def test_repeated_runs_are_each_capped_at_exactly_five_refunds_and_the_report_matches_the_shop(count: int) -> None:
+    """``--runs N --json``: every run capped at five refunds, its report equal to the shop's
+    ledger, its page and its replay as live. The default run repeats 3 runs on one stack; the
+    soak variant (``-m soak``) is the issue's 50 runs."""
+    done = demo("--runs", str(count), "--json", timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout)
     runs = out["runs"]
     assert out["ok"] and out["problems"] == []
-    assert len(runs) == RUNS and len({r["run_id"] for r in runs}) == RUNS
-    assert out["shop_applied_total"] == 5 * RUNS, "no refund outside the runs' intents"
+    assert len(runs) == count and len({r["run_id"] for r in runs}) == count
+    assert out["shop_applied_total"] == 5 * count, "no refund outside the runs' intents"
     for run in runs:
         name = f"run {run['run']} ({run['run_id']})"
         assert run["applied"] == 5, name
@@ -125,8 +136,8 @@ def test_fifty_runs_are_each_capped_at_exactly_five_refunds_and_the_report_match
     by_run = {r["run_id"]: sorted((f["rule"], f["tool"], f["in_log"]) for f in backtest["firings"] if f["run"] == r["run_id"]) for r in runs}  # fmt: skip
     expected = sorted([(CONTENT_RULE, "read_order", True), (RUN_RULE, "issue_refund", True)])
     assert all(found == expected for found in by_run.values()), by_run
-    assert len(backtest["firings"]) == 2 * RUNS
-    print(f"{RUNS} runs: stack up in {out['stack_start_s']} s, {out['elapsed_s']} s in all")
+    assert len(backtest["firings"]) == 2 * count
+    print(f"{count} runs: stack up in {out['stack_start_s']} s, {out['elapsed_s']} s in all")
 
 
 def test_one_run_prints_the_timeline_the_report_the_ledger_and_the_reversal_script(tmp_path: Path) -> None:

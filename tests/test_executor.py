@@ -262,15 +262,17 @@ async def test_the_executor_keeps_an_outcome_until_the_control_plane_records_it(
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("rounds", [8, pytest.param(25, marks=pytest.mark.soak)], ids=["8-rounds", "25-rounds"])
 async def test_stops_raced_against_commits_cancel_every_pending_intent_and_commit_none_after(
-    tmp_path: Path, store: dict[str, Any]
+    tmp_path: Path, store: dict[str, Any], rounds: int
 ) -> None:
     """Many rounds: intents of one run flow to four executor workers while a stop for the run
     lands at a random moment. Once the stop is answered nothing of the run is pending; every
     intent ends cancelled by that stop (never applied) or committed after a check at a revision
-    below the stop's (applied once); nothing else."""
+    below the stop's (applied once); nothing else. 8 rounds in the default run; the soak variant
+    (``-m soak``) runs the 25 rounds of the issue's closing note."""
     rng = random.Random(5)
-    rounds, per_round = 25, 8
+    per_round = 8
     seen = {"committed": 0, "cancelled": 0}
     async with control_plane(store) as cp, shop(tmp_path, delay_s=0.005) as (s, up):
         config = gateway_config(up, cp)

@@ -6,8 +6,10 @@ executor is a real OS process from a fork server (``executor_process``), killed 
 The next run's executor is the restart that resolves what the killed one left: it marks the
 intents it had claimed ``unknown`` and re-issues the checked ones with their keys.
 
-``HALTWIRE_CRASH_RUNS`` lowers the number of kills (default 100) for local iteration, and
-``HALTWIRE_CRASH_SEED`` replays a failing run: the seed is printed, and noted on any failure.
+The random-kill test runs twice over: 20 kills in the default run, and the issue's 100 kills as
+the soak variant (``-m soak``). ``HALTWIRE_CRASH_RUNS`` sets the number of kills of both for
+local iteration, and ``HALTWIRE_CRASH_SEED`` replays a failing run: the seed is printed, and
+noted on any failure.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ from stops_harness import issue, until
 
 pytestmark = pytest.mark.anyio
 
-RUNS = int(os.environ.get("HALTWIRE_CRASH_RUNS", "100"))
+#: The default run's kills, and the soak's: the issue's acceptance says 100 runs.
+SHORT_RUNS, SOAK_RUNS = 20, 100
 TERMINAL = frozenset({"committed", "failed", "cancelled"})
 #: Where the kill lands, read from the intents and the ledger once the process is dead.
 WINDOWS = (
@@ -107,19 +110,30 @@ def classify(state: dict[str, Any], before: set[str], after: set[str], windows: 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "runs",
+    [
+        pytest.param(SHORT_RUNS, id=f"{SHORT_RUNS}-kills"),
+        pytest.param(SOAK_RUNS, id=f"{SOAK_RUNS}-kills", marks=pytest.mark.soak),
+    ],
+)
 async def test_kill_9_at_random_points_never_applies_a_key_twice_and_settles_every_intent(
-    tmp_path: Path,
+    tmp_path: Path, runs: int
 ) -> None:
+    """``runs`` executors killed at random points, each next one the restart. The soak variant
+    (``-m soak``) is the issue's 100 kills; the default run's 20 check the same properties and
+    that kills landed in the dangerous windows."""
+    runs = int(os.environ.get("HALTWIRE_CRASH_RUNS", runs))
     chosen = seed()
-    print(f"\ncrash test: {RUNS} runs, seed {chosen} (HALTWIRE_CRASH_SEED={chosen} replays it)")
+    print(f"\ncrash test: {runs} runs, seed {chosen} (HALTWIRE_CRASH_SEED={chosen} replays it)")
     try:
-        await crash_runs(tmp_path, random.Random(chosen))
+        await crash_runs(tmp_path, random.Random(chosen), runs)
     except BaseException as exc:
         exc.add_note(f"crash test seed {chosen}: rerun with HALTWIRE_CRASH_SEED={chosen}")
         raise
 
 
-async def crash_runs(tmp_path: Path, rng: random.Random) -> None:
+async def crash_runs(tmp_path: Path, rng: random.Random, runs: int) -> None:
     began = time.perf_counter()
     processes = ExecutorProcesses()
     proposed: dict[str, Proposed] = {}
@@ -131,7 +145,7 @@ async def crash_runs(tmp_path: Path, rng: random.Random) -> None:
         async with control_plane(tmp_path / "control.db") as cp, serving(s.http_app()) as up:
             config = gateway_config(up, cp)
 
-            for run in range(RUNS):
+            for run in range(runs):
                 for n in range(rng.randint(1, 4)):
                     order = rng.choice(list(ORDERS.values()))
                     cents = rng.randint(1, order.amount_cents)
@@ -213,7 +227,7 @@ async def crash_runs(tmp_path: Path, rng: random.Random) -> None:
     went_unknown = {i for rec in unknown_audits for i in rec["detail"]["intents"]}
     by_id = {i["intent_id"]: i for i in settled.values()}
     # Each start asks once, before anything else (a kill may land before even that).
-    assert 1 <= len(unknown_audits) <= RUNS + 1
+    assert 1 <= len(unknown_audits) <= runs + 1
     resolved = Counter(by_id[i]["state"] for i in went_unknown)
     reissued = sum(r["requests"] > 1 for r in refunds)
 
@@ -221,22 +235,23 @@ async def crash_runs(tmp_path: Path, rng: random.Random) -> None:
     print(f"  intents: {dict(states)}; stopped runs: {len(stopped_runs)}")
     print(f"  kills caught intents: {dict((w, windows[w]) for w in WINDOWS)}")
     print(
-        f"  restarts that marked unknown: {len(unknown_audits)} of {RUNS + 1};"
+        f"  restarts that marked unknown: {len(unknown_audits)} of {runs + 1};"
         f" intents marked: {len(went_unknown)}, since {dict(resolved)}"
     )
     print(f"  ledger rows re-issued with their key after a kill (requests > 1): {reissued}")
     print(
         f"  executor start() {min(starts) * 1000:.0f}..{max(starts) * 1000:.0f} ms"
         f" (first, with the fork server: {starts[0] * 1000:.0f} ms);"
-        f" {RUNS} kills in {killing_s:.1f} s, {total_s:.1f} s in all"
+        f" {runs} kills in {killing_s:.1f} s, {total_s:.1f} s in all"
     )
-    # Not vacuous: kills landed mid-call and, several times, in the dangerous window. (Between
-    # the claim and the check is a few microseconds of the executor's time: rarely hit here,
-    # test_executor.py covers it directly.)
-    if RUNS >= 50:
-        assert windows["applied, not committed"] >= 3, windows
-        assert windows["checked, call in the shop"] >= 3, windows
-        assert resolved["committed"] >= 3 and reissued >= 3, (resolved, reissued)
+    # Not vacuous: kills landed mid-call and in the dangerous window, several times in the soak
+    # (20 kills caught 4-12 of each in three trials). (Between the claim and the check
+    # is a few microseconds of the executor's time: rarely hit here, test_executor.py covers it
+    # directly.)
+    hits = 3 if runs >= 50 else 1 if runs >= SHORT_RUNS else 0
+    assert windows["applied, not committed"] >= hits, windows
+    assert windows["checked, call in the shop"] >= hits, windows
+    assert resolved["committed"] >= hits and reissued >= hits, (resolved, reissued)
 
 
 async def a_check_passed(cp: str) -> None:

@@ -32,6 +32,7 @@ from intents_harness import (
     settle,
     sqlite,
 )
+from openapi_harness import SCHEMATHESIS_EXAMPLES
 
 pytestmark = pytest.mark.anyio
 
@@ -549,10 +550,14 @@ async def test_intent_responses_match_the_document(tmp_path: Path) -> None:
         assert (error["code"], error["stop_id"]) == ("stopped", stop["stop_id"])
 
 
+@pytest.mark.parametrize("examples", SCHEMATHESIS_EXAMPLES)
 @pytest.mark.parametrize("role", ["gateway", "executor"])
-async def test_schemathesis_finds_no_failure_in_the_intent_endpoints(tmp_path: Path, role: str) -> None:
+async def test_schemathesis_finds_no_failure_in_the_intent_endpoints(
+    tmp_path: Path, role: str, examples: str
+) -> None:
     """The intents' own roles (test_openapi.py runs every operation as operator, tripwire and
-    agent): recording, claiming and settling through the fuzzer, with intents to claim."""
+    agent): recording, claiming and settling through the fuzzer, with intents to claim. 4
+    fuzzed cases per operation in the default run, 10 in the soak variant (``-m soak``)."""
     from openapi_harness import schemathesis
 
     async with plane(sqlite(tmp_path)) as (client, _):
@@ -563,7 +568,7 @@ async def test_schemathesis_finds_no_failure_in_the_intent_endpoints(tmp_path: P
             "--include-path-regex",
             "^/v1/intents",
             "--max-examples",
-            "10",
+            examples,
             "--phases",
             "coverage,fuzzing",
         )

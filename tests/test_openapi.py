@@ -23,7 +23,7 @@ from haltwire.control import create_app, parse_control_config
 from haltwire.control.routes import document, routes
 from haltwire.limits import MAX_BODY_BYTES
 from haltwire.serve import serving
-from openapi_harness import conforms, schemathesis, validate
+from openapi_harness import SCHEMATHESIS_EXAMPLES, conforms, schemathesis, validate
 
 pytestmark = pytest.mark.anyio
 
@@ -324,22 +324,28 @@ async def seeded(client: httpx2.AsyncClient, role: str = "operator") -> str:
     return str(client.base_url).rstrip("/")
 
 
+@pytest.mark.parametrize("examples", SCHEMATHESIS_EXAMPLES)
 @pytest.mark.parametrize(
     ("role", "args"),
     [
         # Every phase, the stateful one issuing stops and clearing them through the link.
-        ("operator", ("--max-examples", "10")),
+        ("operator", ()),
         # A role refused clear, audit and watch: the 403 answers against the document.
-        ("tripwire", ("--max-examples", "10", "--phases", "coverage,fuzzing")),
+        ("tripwire", ("--phases", "coverage,fuzzing")),
         # The run endpoints' own role: registrations, renewals, checkpoints and ends, also
         # through a registration's links in the stateful phase. The watch, whose 200s cost a
         # request timeout each, has had its run as operator.
-        ("agent", ("--max-examples", "10", "--exclude-path", "/v1/watch")),
+        ("agent", ("--exclude-path", "/v1/watch")),
     ],
 )
-async def test_schemathesis_finds_no_failure(tmp_path: Path, role: str, args: tuple[str, ...]) -> None:
+async def test_schemathesis_finds_no_failure(
+    tmp_path: Path, role: str, args: tuple[str, ...], examples: str
+) -> None:
+    """The coverage phase's cases (about a thousand) and ``examples`` fuzzed cases per operation:
+    4 in the default run, 10 in the soak variant (``-m soak``)."""
     async with control(tmp_path) as client:
         url = await seeded(client, role)
+        args = ("--max-examples", examples, *args)
         code, output = await schemathesis(tmp_path, url, role, f"{url}/openapi.json", *args)
     assert code == 0, output
     found = re.search(r"Selected: (\d+)/(\d+)\s+Tested: (\d+)", output)

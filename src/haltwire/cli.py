@@ -19,7 +19,6 @@ import anyio
 from haltwire import __version__
 from haltwire.config import ConfigError
 from haltwire.errors import unwrapped
-from haltwire.gateway.config import load_config
 from haltwire.identity import token_sha256
 
 EXIT_RUNTIME = 1
@@ -30,6 +29,7 @@ STOP_GRACE_S = 5.0
 
 def _gateway(args: argparse.Namespace) -> int:
     from haltwire.gateway import ControlUnreachable, UpstreamError, WrongRole, create_app, redis_pool_size
+    from haltwire.gateway.config import load_config
     from haltwire.listener import check_descriptors
     from haltwire.serve import CannotListen, listen, owned_server
     from haltwire.store.idempotency import IdempotencyUnavailable
@@ -112,6 +112,7 @@ def _gateway(args: argparse.Namespace) -> int:
 
 def _executor(args: argparse.Namespace) -> int:
     from haltwire.executor import ExecutorMisconfigured, UpstreamError, WrongRole, run_executor
+    from haltwire.gateway.config import load_config
 
     try:
         config = load_config(args.config)
@@ -321,6 +322,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _tripwires_test(args: argparse.Namespace) -> int:
+    from haltwire.gateway.config import load_config
     from haltwire.tripwires.backtest import main as backtest
 
     try:
