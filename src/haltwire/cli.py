@@ -299,6 +299,8 @@ def _suspend(args: argparse.Namespace) -> int:
 
 def _suspended_file(config_path: str) -> Path:
     """The kill-switch file a gateway's config names (relative to the config, as the gateway reads it)."""
+    from haltwire.gateway.config import load_config
+
     path = load_config(config_path).gateway.suspended_file
     if path is None:
         raise ConfigError(f"{config_path}: gateway.suspended_file is not set: this gateway has no kill-switch file")
