@@ -38,9 +38,10 @@ unknown tool, as an error result), and a content signal replaces the result. A t
 refusal is not judged again.
 
 With ``[call_log]`` (``haltwire.tripwires.calllog``), each call (a model call too, as
-``model:NAME`` with its usage) is recorded once its outcome is known: how far it got (refused before the tripwires, before routing, at admission, or admitted),
-its outcome before the tripwires' judgement of it, and what fired; the record is appended to a
-buffer that a task of the gateway's writes out.
+``model:NAME`` with its usage) is recorded once its outcome is known: how far it got (refused
+before the tripwires, before routing, at admission, or admitted), its outcome before the
+tripwires' judgement of it, and what fired; the record is appended to a buffer that a task of
+the gateway's writes out.
 """
 
 from __future__ import annotations
