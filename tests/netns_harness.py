@@ -91,6 +91,29 @@ print(json.dumps(out))
 """
 
 
+#: Run inside the namespace: a CONNECT tunnel through the proxy (argv: proxy host, port, target,
+#: Proxy-Authorization), a GET inside it; prints "served", then "closed" when the tunnel ends.
+TUNNEL = """
+import socket, sys
+host, port, target, auth = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+s = socket.create_connection((host, port), timeout=10)
+s.sendall(f"CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\nProxy-Authorization: {auth}\\r\\n\\r\\n".encode())
+head = b""
+while b"\\r\\n\\r\\n" not in head:
+    head += s.recv(4096)
+assert head.startswith(b"HTTP/1.1 200"), head
+s.sendall(f"GET /tunnelled HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n".encode())
+got = b""
+while b"hello from /tunnelled" not in got:
+    got += s.recv(4096)
+print("served", flush=True)
+s.settimeout(30)
+while s.recv(4096):
+    pass
+print("closed", flush=True)
+"""
+
+
 def probe(ns: Namespace, targets: dict[str, tuple[str, int]], name: str) -> dict[str, str]:
     """From inside ``ns``: for each of ``targets`` "connected" or why not, and ``dns``: whether
     ``name`` resolves."""

@@ -1,29 +1,34 @@
 """Making the proxy the only way out (issue 15): an agent process in a network namespace whose
 only reachable address is the egress proxy's (``netns_harness``: a veth pair, no default route,
 no resolver), the recipe of ``docs/egress.md``. Through the proxy it reaches the allowed target;
-after a stop it reaches the target by no path: not through the proxy (403), not directly by the
-target's address, not on another port of the proxy's address, not by name (no resolver).
+after a stop the tunnel it holds open is closed at once, and it reaches the target by no path:
+not through the proxy (403), not directly by the target's address nor a public one, not on
+another port of the proxy's address, not by name (no resolver).
 
 Needs root and iproute2: skipped without them, failed under ``HALTWIRE_REQUIRE_SERVICES=1``.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import anyio
 import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from egress_harness import Answer, egress_config, parse_answer
+from egress_harness import Answer, basic, egress_config, parse_answer
 from haltwire.egress import EgressProxy, parse_config
 from haltwire.runtime.egress import proxy_env
 from haltwire.serve import bind, serving
 from leases_harness import mint
-from netns_harness import Namespace, isolated_namespace, probe, run_inside
+from netns_harness import TUNNEL, Namespace, isolated_namespace, probe, run_inside
 from stops_harness import control_plane, issue, until
 
 pytestmark = pytest.mark.anyio
@@ -69,7 +74,25 @@ async def test_inside_the_namespace_the_proxy_is_the_only_way_out_and_a_stop_clo
             assert "ConnectionRefused" in before["proxy address, target port"], before
             assert before["dns"] != "resolved", before
 
-            await issue(cp, "run:run-ns", "exfiltration")
+            # A tunnel the process inside holds open through the proxy, served once.
+            argv = ns.argv(sys.executable, "-c", TUNNEL, ns.host_ip, str(port), f"{ns.target_ip}:{web}")
+            tunnel = await anyio.open_process(
+                [*argv, basic("run-ns", token)], stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            assert tunnel.stdout is not None
+            lines = BufferedByteReceiveStream(tunnel.stdout)
+            async with tunnel:
+                try:
+                    with anyio.fail_after(10):
+                        assert await lines.receive_until(b"\n", 100) == b"served"
+                    issued = time.monotonic()
+                    await issue(cp, "run:run-ns", "exfiltration")
+                    with anyio.fail_after(5):  # the target's keep-alive would close it only after 5 s
+                        assert await lines.receive_until(b"\n", 100) == b"closed"
+                    assert time.monotonic() - issued < 1.0
+                finally:
+                    if tunnel.returncode is None:
+                        tunnel.kill()  # a failure above leaves no process behind
 
             async def refused() -> bool:
                 answer = await _curl_inside(ns, env, url)

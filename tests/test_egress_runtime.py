@@ -17,14 +17,18 @@ import pytest
 from control_harness import TOKEN
 from egress_harness import (
     EGRESS_AUDIENCE,
+    basic,
+    connect_via,
     curl,
     curl_with_env,
+    echo_target,
     http_target,
     leasing_plane,
     plane_egress_config,
     running_egress,
 )
 from haltwire.runtime import ControlClient, Lease, StopRequested
+from leases_harness import GatewayClock
 from stops_harness import clear, issue, until
 
 pytestmark = pytest.mark.anyio
@@ -90,10 +94,14 @@ async def _credential(cp: str, run_id: str, audience: str = EGRESS_AUDIENCE) -> 
 
 
 async def test_a_broker_credential_is_a_proxy_credential_stopped_and_fenced_as_a_lease(tmp_path: Path) -> None:
+    clock = GatewayClock()
     async with (
         leasing_plane(tmp_path / "control.db") as cp,
         http_target() as web,
-        running_egress(plane_egress_config(cp, [f"127.0.0.1:{web}"], broker=True)) as (_, port),
+        echo_target() as echo,
+        running_egress(
+            plane_egress_config(cp, [f"127.0.0.1:{web}", f"127.0.0.1:{echo.port}"], broker=True), clock=clock
+        ) as (_, port),
     ):
         proxy, url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{web}/brokered"
         control = ControlClient(cp, TOKEN["agent"])
@@ -112,8 +120,23 @@ async def test_a_broker_credential_is_a_proxy_credential_stopped_and_fenced_as_a
         tampered = credential[:-4] + ("AAAA" if not credential.endswith("AAAA") else "BBBB")
         forged = await curl("-x", proxy, "--proxy-user", f"{lease.run_id}:{tampered}", url)
         assert forged.status == 407 and forged.error["code"] == "unauthenticated"
+        # Expired by the proxy's clock (the broker's ttl is 600 s), with no leeway.
+        clock.offset = 601.0
+        expired = await curl("-x", proxy, "--proxy-user", f"{lease.run_id}:{credential}", url)
+        assert expired.status == 407 and expired.error["code"] == "unauthenticated"
+        assert "expired" in expired.error["message"]
+        clock.offset = 0.0
 
+        # A tunnel opened with the credential is the run's: a stop on the run closes it.
+        tunnel, answer = await connect_via(port, f"127.0.0.1:{echo.port}", basic(lease.run_id, credential))
+        assert answer.status == 200
+        await tunnel.send(b"ping")
+        assert await tunnel.receive() == b"ping"
         stop = await issue(cp, f"run:{lease.run_id}", "loops")
+        await echo.until_closed(1, within=2)
+        with anyio.fail_after(2), pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
+            await tunnel.receive()
+        await tunnel.aclose()
 
         async def stopped() -> bool:
             answer = await curl("-x", proxy, "--proxy-user", f"{lease.run_id}:{credential}", url)
