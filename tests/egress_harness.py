@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import ssl
 import subprocess
 import sys
@@ -23,11 +24,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
+from haltwire.control import create_app, parse_control_config
 from haltwire.egress import EgressProxy, parse_config
 from haltwire.serve import bind, serving
 from leases_harness import LEASES
 from redis_process import free_port
-from stops_harness import STALENESS_S
+from runs_harness import SECRET
+from runs_harness import config_dict as runs_config
+from stops_harness import HEARTBEAT_S, STALENESS_S
+
+#: The audience of broker credentials meant for the egress proxy.
+EGRESS_AUDIENCE = "haltwire-egress"
 
 
 def egress_config(control: str, profiles: dict[str, list[str]], agents: dict[str, str]) -> dict[str, Any]:
@@ -36,6 +43,27 @@ def egress_config(control: str, profiles: dict[str, list[str]], agents: dict[str
         "control": {"url": control, "token": "tok-gateway", "staleness_s": STALENESS_S},
         "leases": LEASES,
     }
+
+
+@asynccontextmanager
+async def leasing_plane(db: Path) -> AsyncIterator[str]:
+    """A control plane that grants leases (agent ``a1``, agent classes ``default`` and ``fast``)
+    and broker credentials for ``EGRESS_AUDIENCE``, with a fast heartbeat; yields its URL.
+    ``plane_egress_config`` is a proxy's config that verifies its leases."""
+    data = runs_config({"backend": "sqlite", "path": str(db)})
+    data["control"]["heartbeat_s"] = HEARTBEAT_S
+    data["broker"] = {"ttl_s": 600, "audiences": [EGRESS_AUDIENCE, "orders"], "generate": True}
+    async with serving(create_app(parse_control_config(data)), graceful_s=1) as url:
+        yield url
+
+
+def plane_egress_config(control: str, allow: list[str], *, broker: bool = False) -> dict[str, Any]:
+    """A proxy following ``leasing_plane`` at ``control``, agent ``a1`` allowed ``allow``."""
+    config = egress_config(control, {"web": allow}, {"a1": "web"})
+    config["leases"] = {"keys": [{"kid": "k1", "secret": SECRET}]}
+    if broker:
+        config["broker"] = {"jwks_url": control + "/.well-known/jwks.json", "audience": EGRESS_AUDIENCE}
+    return config
 
 
 @asynccontextmanager
@@ -178,15 +206,8 @@ async def curl(*args: str) -> Answer:
     """curl with ``args`` (give it ``-x``, ``--proxy-user`` and the URL): the final answer."""
     argv = ["curl", "-s", "-i", "--max-time", "10", "--noproxy", "", *args]
     done = await anyio.to_thread.run_sync(lambda: subprocess.run(argv, capture_output=True, timeout=20))
-    raw = done.stdout
     # With -p (a tunnel), curl prints the CONNECT's answer first, and any 1xx: keep the final one.
-    while raw.startswith((b"HTTP/1.1 200 Connection established", b"HTTP/1.1 1")):
-        raw = raw.partition(b"\r\n\r\n")[2]
-    head, _, body = raw.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    assert lines and lines[0].startswith("HTTP/"), (done.returncode, done.stderr, raw[:300])
-    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    return Answer(int(lines[0].split()[1]), headers, body)
+    return parse_answer(done.stdout, (done.returncode, done.stderr))
 
 
 @asynccontextmanager
@@ -218,6 +239,31 @@ async def egress_command(directory: Path, config: dict[str, Any]) -> AsyncIterat
             proc.kill()
             with anyio.CancelScope(shield=True):
                 await proc.wait()
+
+
+async def curl_with_env(env: dict[str, str], *args: str) -> Answer:
+    """curl as a run's subprocess: no ``-x``; the proxy is what ``env`` (added to this process's
+    environment) says."""
+    argv = ["curl", "-s", "-i", "--max-time", "10", *args]
+    full = {k: v for k, v in os.environ.items() if k.lower() not in PROXY_NAMES} | env
+    done = await anyio.to_thread.run_sync(
+        lambda: subprocess.run(argv, capture_output=True, timeout=20, env=full)
+    )
+    return parse_answer(done.stdout, (done.returncode, done.stderr))
+
+
+PROXY_NAMES = ("https_proxy", "http_proxy", "no_proxy", "all_proxy")
+
+
+def parse_answer(raw: bytes, done: object = None) -> Answer:
+    """The final answer of ``curl -i`` output (the CONNECT's answer and any 1xx skipped)."""
+    while raw.startswith((b"HTTP/1.1 200 Connection established", b"HTTP/1.1 1")):
+        raw = raw.partition(b"\r\n\r\n")[2]
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    assert lines and lines[0].startswith("HTTP/"), (done, raw[:300])
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return Answer(int(lines[0].split()[1]), headers, body)
 
 
 def run_command(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:

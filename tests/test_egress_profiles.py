@@ -163,3 +163,4 @@ def test_the_example_config_is_valid_and_verifies_the_example_control_planes_lea
     signing = LeaseKeys({k["kid"]: k["secret"].encode() for k in control["leases"]["keys"]}, signing="k1")
     token = signing.sign(LeaseClaims("run-1", "ops-bot", "acme", "1.0", 0, 0.0, 2e9))
     assert config.leases.lease_keys().verify(token, now=1.0).run == "run-1"
+    assert config.broker is not None and config.broker.audience in control["broker"]["audiences"]

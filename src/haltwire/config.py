@@ -285,3 +285,19 @@ def read_toml(path: Path) -> dict[str, Any]:
         return tomllib.loads(raw.decode())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+
+
+class BrokerLink(ConfigModel):
+    """``[broker]``: accept the control plane's run credentials (the gateway: as bearer tokens,
+    ``haltwire.gateway.credentials``; the egress proxy: as proxy credentials).
+
+    At the gateway, a bearer token that is not in the token table and has the JWT shape is
+    verified with the broker's JWKS: the identity is the configured one with the credential's
+    agent (tenant and version must match too), and the credential's run becomes the call's run.
+    """
+
+    jwks_url: str = Field(min_length=1)
+    #: The audience the broker issued the credential for (the ``aud`` claim).
+    audience: str = Field(default="haltwire-gateway", min_length=1)
+    #: An unknown key id refetches the JWKS at most this often.
+    refresh_s: float = Field(default=30.0, gt=0)

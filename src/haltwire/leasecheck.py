@@ -6,6 +6,9 @@ The gateway (``haltwire.gateway.leases``, ``haltwire.gateway.stops``) and the eg
 1. ``token_claims``: the token's signature, with the point's own keys, then its expiry, by the
    point's own clock and with no leeway. The signature is checked first and without a clock,
    so that the refusal of an authentic but expired lease can name its run.
+   A broker credential (``haltwire.credentials``) stands for a lease: ``credential_claims``
+   checks it with the broker's JWKS for the point's audience, then its expiry the same way,
+   and answers the lease claims it carries (its run, agent, tenant, version and generation).
 2. ``run_refusal``: the watch must be current (heard from within ``staleness_s``), else
    ``registry_unreachable`` (fail closed); then ``StopSet.verdict`` on the run's scopes (run,
    agent, tenant, version, global; never a tool's or a model's) and the grant's generation: an active stop
@@ -18,6 +21,7 @@ from __future__ import annotations
 import math
 
 from haltwire import refusal
+from haltwire.credentials import CredentialRefused, JwksKeys, authenticate
 from haltwire.refusal import Refusal
 from haltwire.scope import run_scopes
 from haltwire.stops import Stopped, Verdict
@@ -39,6 +43,25 @@ def token_claims(keys: LeaseKeys, token: str, now: float) -> LeaseClaims | Refus
     if now >= claims.expires_at:  # no leeway, as LeaseKeys.verify
         return refusal.lease_expired(claims.run)
     return claims
+
+
+async def credential_claims(keys: JwksKeys, token: str, audience: str, now: float) -> LeaseClaims | Refusal:
+    """Step 1 for a broker credential: the lease claims it carries, or ``unauthenticated``."""
+    try:
+        claims = await authenticate(keys, token, audience)
+    except CredentialRefused as exc:
+        return refusal.unauthenticated(exc.message)
+    if now >= claims.expires_at:  # no leeway, as for leases
+        return refusal.unauthenticated(f"the credential for run {claims.run} has expired")
+    return LeaseClaims(
+        run=claims.run,
+        agent=claims.agent,
+        tenant=claims.tenant,
+        version=claims.version,
+        generation=claims.generation,
+        issued_at=claims.issued_at,
+        expires_at=claims.expires_at,
+    )
 
 
 def run_refusal(watch: StopWatch, claims: LeaseClaims, point: str = "gateway") -> Refusal | None:

@@ -3,7 +3,8 @@
 ``[egress]`` (where it listens, its bounds, its profiles and which agent gets which),
 ``[control]`` (the control plane whose stops it follows: required, a proxy that cannot hear
 stops cannot enforce them) and ``[leases]`` (the keys it verifies lease tokens with: required,
-the lease token is how it knows a connection's run). ``docs/egress.md`` describes every key.
+the lease token is how it knows a connection's run) and ``[broker]`` (optional: the broker
+whose run credentials it accepts as well). ``docs/egress.md`` describes every key.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from haltwire.config import ConfigModel, ControlLink, LeaseKeysSection, read_toml, validate_config
+from haltwire.config import (
+    BrokerLink,
+    ConfigModel,
+    ControlLink,
+    LeaseKeysSection,
+    read_toml,
+    validate_config,
+)
 from haltwire.egress.profiles import NONE, NOTHING, Profile
 
 
@@ -63,10 +71,17 @@ class EgressSection(ConfigModel):
         return out
 
 
+class EgressBroker(BrokerLink):
+    """``[broker]``: the control plane's run credentials are proxy credentials too."""
+
+    audience: str = Field(default="haltwire-egress", min_length=1)
+
+
 class EgressConfig(ConfigModel):
     egress: EgressSection = Field(default_factory=EgressSection)
     control: ControlLink
     leases: LeaseKeysSection
+    broker: EgressBroker | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> EgressConfig:

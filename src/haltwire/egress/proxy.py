@@ -18,7 +18,8 @@ before any byte reaches a target:
 2. the request is a ``CONNECT`` to ``HOST:PORT`` or an absolute ``http://`` URI: else 400
    ``proxy_request_invalid`` (``https://`` URIs too: a client sends those as ``CONNECT``);
 3. ``Proxy-Authorization`` carries a lease token whose signature (the proxy's keys) and expiry
-   (the proxy's clock) hold: else 407 with ``Proxy-Authenticate`` (``haltwire.egress.auth``);
+   (the proxy's clock) hold, or a broker credential (``[broker]``) that holds: else 407 with
+   ``Proxy-Authenticate`` (``haltwire.egress.auth``);
 4. the watch is current and no stop covers the run's scopes, nor fences its lease: else 503
    ``registry_unreachable``, 403 ``stopped`` or 403 ``lease_invalid`` (``haltwire.leasecheck``);
 5. the run's agent's profile allows the host and port: else 403 ``egress_denied``;
@@ -53,7 +54,7 @@ import h11
 
 from haltwire import refusal
 from haltwire.egress import relay, sni
-from haltwire.egress.auth import CHALLENGE, caller
+from haltwire.egress.auth import CHALLENGE, Broker, caller
 from haltwire.egress.config import EgressSection, Profiles
 from haltwire.egress.connections import POINT, Connection, Kind, OpenConnections
 from haltwire.egress.profiles import IPAddress, Profile, address_of, normal_host
@@ -85,10 +86,12 @@ class Proxy:
         keys: LeaseKeys,
         connections: OpenConnections,
         *,
+        broker: Broker | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.section = section
         self.keys = keys
+        self.broker = broker
         self.profiles = Profiles(section)
         self.connections = connections
         self._clock = clock
@@ -139,7 +142,10 @@ class Proxy:
             await _answer(client, target)
             return
         header = _header(request, b"proxy-authorization")
-        claims = caller(self.keys, header, self._clock())
+        with anyio.move_on_after(self.section.connect_timeout_s) as fetching:  # a broker's JWKS
+            claims = await caller(self.keys, header, self._clock(), self.broker)
+        if fetching.cancelled_caught:
+            claims = refusal.proxy_auth_required("the broker's keys could not be fetched in time")
         if isinstance(claims, Refusal):
             await _answer(client, claims, status=407)
             return

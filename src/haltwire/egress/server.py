@@ -25,7 +25,10 @@ from collections.abc import Callable
 
 import anyio
 import anyio.abc
+import httpx2
 
+from haltwire.credentials import JwksKeys
+from haltwire.egress.auth import Broker
 from haltwire.egress.config import EgressConfig
 from haltwire.egress.connections import OpenConnections
 from haltwire.egress.proxy import Proxy
@@ -39,7 +42,15 @@ class EgressProxy:
         self.config = config
         self.watch = StopWatch(config.control, point=EGRESS, clock=clock)
         self.connections = OpenConnections(self.watch, clock=clock)
-        self.proxy = Proxy(config.egress, config.leases.lease_keys(), self.connections, clock=clock)
+        broker = config.broker
+        self.broker = (
+            None
+            if broker is None
+            else Broker(JwksKeys(broker.jwks_url, refresh_s=broker.refresh_s), broker.audience)
+        )
+        self.proxy = Proxy(
+            config.egress, config.leases.lease_keys(), self.connections, broker=self.broker, clock=clock
+        )
         #: Client connections open now (the cap's count).
         self.clients = 0
 
@@ -50,6 +61,13 @@ class EgressProxy:
         started, with the port it listens on, once its stops are current."""
         async with anyio.create_task_group() as tg:
             await self.watch.start(tg)
+            if self.broker is not None:
+                try:
+                    await self.broker.keys.fetch()
+                except (httpx2.HTTPError, ValueError) as exc:
+                    # Not fatal: lease tokens are served meanwhile, and credentials are refused
+                    # until the keys can be fetched (an unknown key id fetches them again).
+                    log.warning("cannot fetch the broker's JWKS at %s: %s", self.broker.keys.url, exc)
             tg.start_soon(self._guard)
             listener = await anyio.abc.SocketListener.from_socket(sock)
             task_status.started(listener.extra(anyio.abc.SocketAttribute.local_port))

@@ -14,6 +14,7 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from haltwire.config import (
     BearerToken,
+    BrokerLink,
     ConfigError,
     ConfigModel,
     ControlLink,
@@ -164,21 +165,6 @@ class ExecutorSection(BearerToken):
     poll_s: float = Field(default=0.2, gt=0)
     #: The first wait after a failed request to the control plane or the upstream (doubling to 10 s).
     retry_s: float = Field(default=0.5, gt=0)
-
-
-class BrokerLink(ConfigModel):
-    """``[broker]``: accept the control plane's run credentials as bearer tokens.
-
-    A bearer token that is not in the token table and has the JWT shape is verified with the
-    broker's JWKS: the identity is the configured one with the credential's agent (tenant and
-    version must match too), and the credential's run becomes the call's run.
-    """
-
-    jwks_url: str = Field(min_length=1)
-    #: The audience the broker issued the credential for (the ``aud`` claim).
-    audience: str = Field(default="haltwire-gateway", min_length=1)
-    #: An unknown key id refetches the JWKS at most this often.
-    refresh_s: float = Field(default=30.0, gt=0)
 
 
 #: Public-key signatures only: a JWKS publishes verification keys, and an HMAC token "verified"

@@ -16,8 +16,9 @@ from collections.abc import Callable, Iterable
 from typing import Final
 
 from haltwire import refusal
-from haltwire.credentials import CredentialRefused, JwksKeys, authenticate
+from haltwire.credentials import JwksKeys
 from haltwire.identity import Identity
+from haltwire.leasecheck import credential_claims
 from haltwire.refusal import Refusal
 from haltwire.tokens import LeaseClaims
 
@@ -47,24 +48,12 @@ class CredentialEdge:
         self._clock = clock
 
     async def resolve(self, token: str) -> tuple[Identity, LeaseClaims] | Refusal:
-        try:
-            claims = await authenticate(self.keys, token, self.audience)
-        except CredentialRefused as exc:
-            return refusal.unauthenticated(exc.message)
-        if self._clock() >= claims.expires_at:  # no leeway, as for leases
-            return refusal.unauthenticated(f"the credential for run {claims.run} has expired")
-        identity = self._by_key.get((claims.agent, claims.tenant, claims.version))
+        lease = await credential_claims(self.keys, token, self.audience, self._clock())
+        if isinstance(lease, Refusal):
+            return lease
+        identity = self._by_key.get((lease.agent, lease.tenant, lease.version))
         if identity is None:
             return refusal.unauthenticated(
-                f"no identity here is agent {claims.agent} of that tenant and version"
+                f"no identity here is agent {lease.agent} of that tenant and version"
             )
-        lease = LeaseClaims(
-            run=claims.run,
-            agent=claims.agent,
-            tenant=claims.tenant,
-            version=claims.version,
-            generation=claims.generation,
-            issued_at=claims.issued_at,
-            expires_at=claims.expires_at,
-        )
         return identity, lease

@@ -22,8 +22,9 @@ has ended; ``ended`` is an event for code that must cancel work in flight (``Gua
 from __future__ import annotations
 
 import logging
+import os
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, MutableMapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ import anyio
 
 from haltwire.errors import unwrapped
 from haltwire.runtime.client import ControlClient, ControlRefused, ControlUnreachable, Registration
+from haltwire.runtime.egress import proxy_env
 from haltwire.scope import Scope, run_scopes
 from haltwire.tokens import Grant
 
@@ -98,6 +100,8 @@ class Lease:
         self.ended = anyio.Event()
         # Broker credentials by audience: (token, when to ask again on the monotonic clock).
         self._credentials: dict[str, tuple[str, float]] = {}
+        # Called after each renewal that brings a new token (``export_proxy_env``).
+        self._on_renewal: list[Callable[[], None]] = []
 
     @classmethod
     async def register(
@@ -211,6 +215,25 @@ class Lease:
         self._credentials[audience] = (token, sent + (expires_at - issued_at) * 2 / 3)
         return token
 
+    def proxy_env(self, proxy_url: str, *, no_proxy: str = "") -> dict[str, str]:
+        """``HTTPS_PROXY``, ``HTTP_PROXY`` and ``NO_PROXY`` (both cases) for going out through the
+        egress proxy at ``proxy_url`` with this lease's current token (``haltwire.runtime.egress``).
+        ``StopRequested`` once the lease has ended."""
+        return proxy_env(proxy_url, self.run_id, self.require(), no_proxy)
+
+    def export_proxy_env(
+        self, proxy_url: str, *, no_proxy: str = "", environ: MutableMapping[str, str] | None = None
+    ) -> None:
+        """Write ``proxy_env`` into ``environ`` (``os.environ``) now and after every renewal, so
+        that this process's clients and every subprocess started later carry the current token."""
+        target = os.environ if environ is None else environ
+
+        def write() -> None:
+            target.update(proxy_env(proxy_url, self.run_id, self._grant.token, no_proxy))
+
+        target.update(self.proxy_env(proxy_url, no_proxy=no_proxy))
+        self._on_renewal.append(write)
+
     async def save_checkpoint(self, data: dict[str, Any]) -> dict[str, Any]:
         """Save where the run is, for a later run to ``resume_from`` after a stop is cleared."""
         return await self.control.save_checkpoint(self.run_id, data)
@@ -233,6 +256,8 @@ class Lease:
         # Never revive an ended lease: a stop or an expiry is final for this run.
         if self.notice is None and sent + grant.renew_timeout_s > self._deadline:
             self._grant, self._deadline = grant, sent + grant.renew_timeout_s
+            for renewed in self._on_renewal:
+                renewed()
 
     async def _renew_forever(self) -> None:
         while self.notice is None:
