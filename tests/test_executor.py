@@ -7,7 +7,9 @@ the crash tests with ``kill -9`` are ``test_executor_crash.py``.
 from __future__ import annotations
 
 import random
+import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -403,3 +405,24 @@ async def test_a_control_plane_that_refuses_the_executor_for_good_is_exit_2_and_
             last = err.strip().splitlines()[-1]
             assert last.startswith("haltwire executor: the control plane refused the executor"), err
             assert expected in last and "Traceback" not in err, err
+
+
+async def test_sigterm_stops_the_executor_cleanly_with_exit_0(tmp_path: Path) -> None:
+    """SIGTERM is a clean stop, as for the gateway and the control plane (exit 0, not 143)."""
+    registry = {"backend": "sqlite", "path": str(tmp_path / "c.db")}
+    async with (
+        serving(create_app(parse_control_config(control_config(registry))), graceful_s=1) as cp,
+        shop(tmp_path) as (_, up),
+    ):
+        path = tmp_path / "gateway.toml"
+        path.write_text(tomli_w.dumps(gateway_config(up, cp)))
+        command = [sys.executable, "-m", "haltwire", "executor", "--config", str(path)]
+        async with await anyio.open_process(command, stderr=subprocess.PIPE) as proc:
+            assert proc.stderr is not None
+            said = b""
+            with anyio.fail_after(30):
+                while b"committing intents through" not in said:
+                    said += await proc.stderr.receive()
+            proc.send_signal(signal.SIGTERM)
+            with anyio.fail_after(15):
+                assert await proc.wait() == 0, said

@@ -131,6 +131,7 @@ def _executor(args: argparse.Namespace) -> int:
         # The executor's own failures come out of its task group as themselves.
         with unwrapped():
             async with anyio.create_task_group() as tg:
+                tg.start_soon(_cancel_on_signals, tg.cancel_scope)
                 await tg.start(run_executor, config)
                 names = ", ".join(u.name for u in config.upstreams)
                 print(
@@ -148,6 +149,15 @@ def _executor(args: argparse.Namespace) -> int:
         print(f"haltwire executor: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return 0
+
+
+async def _cancel_on_signals(scope: anyio.CancelScope) -> None:
+    """SIGINT or SIGTERM: cancel ``scope``, a clean stop (exit 0). The executor stopped mid-intent
+    leaves it as a crash would, and the next executor takes it up from there (issue 5)."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            scope.cancel()
+            return
 
 
 def _control(args: argparse.Namespace) -> int:
