@@ -27,7 +27,7 @@ from starlette.routing import Route
 from control_harness import TOKEN, auth, config_dict
 from haltwire.config import ConfigError
 from haltwire.control import AdminOnly, EnforcementOnly, create_app, parse_control_config
-from haltwire.listener import InFlightCap, ListenerLimits
+from haltwire.listener import InFlightCap, ListenerLimits, Parser
 from haltwire.serve import serving
 
 pytestmark = pytest.mark.anyio
@@ -58,13 +58,19 @@ def port_of(url: str) -> int:
     return int(url.rsplit(":", 1)[1])
 
 
-async def test_a_connection_that_never_finishes_its_head_is_closed_and_one_past_the_cap_at_once() -> None:
+PARSERS = pytest.mark.parametrize("parser", ["httptools", "h11"])
+
+
+@PARSERS
+async def test_a_connection_that_never_finishes_its_head_is_closed_and_one_past_the_cap_at_once(
+    parser: Parser,
+) -> None:
     async def ok(request: Request) -> Response:
         return JSONResponse({"ok": True})
 
     app = Starlette(routes=[Route("/", ok)])
     limits = ListenerLimits(max_connections=5, header_timeout_s=0.5, idle_timeout_s=30)
-    async with serving(app, limits=limits, lifespan="off") as url:
+    async with serving(app, limits=limits, lifespan="off", parser=parser) as url:
         slow = await half_open(port_of(url), 5)
         past_cap = await half_open(port_of(url), 1)
         assert await closed_by_peer(past_cap[0], within=0.3), "a connection past the cap is closed as accepted"
@@ -78,16 +84,24 @@ async def test_a_connection_that_never_finishes_its_head_is_closed_and_one_past_
             await s.aclose()
 
 
-async def test_a_request_being_answered_is_not_cut_by_the_header_timeout() -> None:
+@PARSERS
+async def test_a_request_being_answered_is_not_cut_by_the_header_timeout(parser: Parser) -> None:
     async def slow(request: Request) -> Response:
         await anyio.sleep(1.0)
         return JSONResponse({"ok": True})
 
     app = Starlette(routes=[Route("/", slow)])
-    async with serving(app, limits=ListenerLimits(header_timeout_s=0.3), lifespan="off") as url:
+    async with serving(app, limits=ListenerLimits(header_timeout_s=0.3), lifespan="off", parser=parser) as url:
         async with httpx2.AsyncClient(timeout=5) as http:
             assert (await http.get(url)).json() == {"ok": True}
             assert (await http.get(url)).json() == {"ok": True}, "and the kept-alive connection serves again"
+        # Kept alive and idle past the header timeout after an answer: closed (step 2 re-armed).
+        stream = await anyio.connect_tcp("127.0.0.1", port_of(url))
+        await stream.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = await stream.receive()
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        assert await closed_by_peer(stream, within=3), "an idle kept-alive connection is timed out"
+        await stream.aclose()
 
 
 async def test_past_the_in_flight_cap_a_request_is_answered_503_at_once_and_streams_are_exempt() -> None:

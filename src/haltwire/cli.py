@@ -31,7 +31,7 @@ def _gateway(args: argparse.Namespace) -> int:
     from haltwire.gateway import ControlUnreachable, UpstreamError, WrongRole, create_app, redis_pool_size
     from haltwire.gateway.config import load_config
     from haltwire.listener import check_descriptors
-    from haltwire.serve import CannotListen, listen, owned_server
+    from haltwire.serve import CannotListen, fast_loop, listen, owned_server
     from haltwire.store.idempotency import IdempotencyUnavailable
 
     try:
@@ -105,7 +105,7 @@ def _gateway(args: argparse.Namespace) -> int:
         return status
 
     try:
-        return anyio.run(run)
+        return anyio.run(run, backend_options=fast_loop())
     except KeyboardInterrupt:
         return 0
 
@@ -237,7 +237,7 @@ def _control(args: argparse.Namespace) -> int:
 def _egress(args: argparse.Namespace) -> int:
     from haltwire.egress import EgressProxy, load_config
     from haltwire.listener import ListenerLimits, check_descriptors
-    from haltwire.serve import CannotListen, listen
+    from haltwire.serve import CannotListen, fast_loop, listen
     from haltwire.watch import ControlUnreachable, WrongRole
 
     try:
@@ -274,7 +274,7 @@ def _egress(args: argparse.Namespace) -> int:
 
     try:
         with unwrapped():
-            anyio.run(run)
+            anyio.run(run, backend_options=fast_loop())
     except KeyboardInterrupt:
         return 0
     except WrongRole as exc:

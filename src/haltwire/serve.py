@@ -9,6 +9,7 @@ stopped by SIGINT/SIGTERM. ``owned_server`` is the gateway's: served while its o
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import socket
@@ -19,7 +20,7 @@ from typing import Any, Literal
 import anyio
 import uvicorn
 
-from haltwire.listener import ListenerLimits, guarded_protocol
+from haltwire.listener import ListenerLimits, Parser, guarded_protocol
 
 Lifespan = Literal["on", "off"]
 
@@ -109,14 +110,17 @@ async def serving(
     graceful_s: int | None = None,
     limits: ListenerLimits | None = None,
     lifespan: Lifespan = "on",
+    parser: Parser = "auto",
 ) -> AsyncIterator[str]:
     """Serve ``app`` until the block exits; yields its base URL (``http://host:port``).
 
-    ``graceful_s`` bounds the wait for open responses (a watch stream, say) at exit.
+    ``graceful_s`` bounds the wait for open responses (a watch stream, say) at exit; ``parser``
+    picks the HTTP parser of a server with ``limits`` (``haltwire.listener.guarded_protocol``).
     """
     sock = bind(host, port)
     actual = sock.getsockname()[1]
-    server = _BlockServer(_config(app, limits, lifespan, timeout_graceful_shutdown=graceful_s))
+    config = _config(app, limits, lifespan, parser, timeout_graceful_shutdown=graceful_s)
+    server = _BlockServer(config)
     async with anyio.create_task_group() as tg:
         tg.start_soon(server.serve, [sock])
         while not server.started:  # noqa: ASYNC110 - uvicorn exposes a flag, not an event
@@ -126,6 +130,12 @@ async def serving(
         finally:
             server.stop()
     sock.close()
+
+
+def fast_loop() -> dict[str, Any]:
+    """``anyio.run``'s backend options for a command's process: uvloop when it is installed (the
+    same asyncio code on a faster event loop: less CPU per call on the gateway's hot path)."""
+    return {"use_uvloop": True} if importlib.util.find_spec("uvloop") is not None else {}
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -140,7 +150,9 @@ class CannotListen(Exception):
     """The command's address cannot be bound (in use, or not an address of this machine)."""
 
 
-def _config(app: Any, limits: ListenerLimits | None, lifespan: Lifespan, **extra: Any) -> uvicorn.Config:
+def _config(
+    app: Any, limits: ListenerLimits | None, lifespan: Lifespan, parser: Parser = "auto", **extra: Any
+) -> uvicorn.Config:
     if limits is None:
         return uvicorn.Config(app, lifespan=lifespan, log_level="warning", access_log=False, **extra)
     return uvicorn.Config(
@@ -148,7 +160,7 @@ def _config(app: Any, limits: ListenerLimits | None, lifespan: Lifespan, **extra
         lifespan=lifespan,
         log_level="warning",
         access_log=False,
-        http=guarded_protocol(limits),
+        http=guarded_protocol(limits, parser),
         timeout_keep_alive=int(max(1, limits.idle_timeout_s)),
         **extra,
     )
