@@ -1,0 +1,87 @@
+"""``haltwire drill --embedded``, run as a command: its own stack, its canaries, its figures.
+
+Two drills: a short one over every rung of this slice, whose JSON must agree with the canary
+upstream's own record; and one against a gateway configured without ``[control]``, whose
+``gateway`` rung cannot stop the runtime that ignores stops, so the drill fails and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+#: The stop rungs take the scope kinds round-robin: three reps of two rungs cover all six.
+KINDS = {"run", "tenant", "agent", "version", "global", "tool"}
+
+
+def drill(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "haltwire", "drill", "--embedded", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.mark.timeout(120)
+def test_a_short_drill_measures_every_rung_and_agrees_with_the_canary_record() -> None:
+    done = drill("--reps", "3", "--json", "--seed", "7")
+    assert done.returncode == 0, done.stderr
+    data: dict[str, Any] = json.loads(done.stdout)
+    rungs = {r["rung"]: r for r in data["rungs"]}
+    assert list(rungs) == ["sdk", "gateway", "fail_closed"]
+    assert data["ok"] is True and data["broken"] == {}
+    assert data["left_behind"] == {"active_stops": 0, "runs_not_ended": 0}
+    assert set(rungs["sdk"]["scope_kinds"]) | set(rungs["gateway"]["scope_kinds"]) == KINDS
+    assert rungs["fail_closed"]["scope_kinds"] == ["unreachable"]
+    target = data["agent_class"]["time_to_stop_s"]
+    assert target >= data["agent_class"]["ttl_s"]
+    # Every side effect the canary upstream recorded belongs to one measured run.
+    assert sum(r["side_effects_total"] for r in rungs.values()) == data["canary_record_total"]
+    for rung in rungs.values():
+        assert rung["samples"] == (6 if rung["rung"] == "fail_closed" else 3)
+        assert rung["target_s"] == target and rung["verdict"] == "pass"
+        assert rung["to_last_side_effect_s"]["max"] <= target
+        assert rung["to_first_refusal_s"]["max"] <= target
+        after = rung["side_effects_after_stop"]
+        assert after["count"] == sum(len(rep["effects_after"]) for rep in rung["reps"])
+        for rep in rung["reps"]:
+            # The canary's count and the runtime's: at most one call cut in flight between them.
+            assert rep["served_seen"] <= rep["effects_total"] <= rep["served_seen"] + 1, rep
+            assert rep["refusal"] is not None and rep["broken"] is None
+    # The SDK's lease ends on a pushed stop of one of its scopes (a tool stop is the gateway's).
+    assert any(rep["lease_end_s"] is not None for rep in rungs["sdk"]["reps"])
+    assert {rep["runtime"] for rep in rungs["fail_closed"]["reps"]} == {"sdk", "ignoring"}
+    assert {rep["runtime"] for rep in rungs["gateway"]["reps"]} == {"ignoring"}
+
+
+@pytest.mark.timeout(120)
+def test_a_gateway_without_control_breaks_the_gateway_rung_and_the_drill_says_so() -> None:
+    done = drill("--reps", "1", "--rungs", "gateway", "--broken-gateway", "--seed", "1")
+    assert done.returncode == 1, done.stderr
+    assert "the gateway rung is broken: the ignoring canary was not refused within" in done.stderr
+    assert "gateway" in done.stdout  # the table, with the rung judged
+    assert "broken" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "sentence"),
+    [
+        (["--embedded", "--reps", "0"], "--reps must be at least 1"),
+        ([], "give --embedded"),
+        (["--embedded", "--rungs", "broker"], "unknown rung broker"),
+    ],
+)
+def test_bad_usage_exits_2_with_a_sentence(
+    args: list[str], sentence: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from haltwire.cli import build_parser
+    from haltwire.drill.command import run
+
+    assert run(build_parser().parse_args(["drill", *args])) == 2
+    assert sentence in capsys.readouterr().err
