@@ -85,3 +85,16 @@ def test_bad_usage_exits_2_with_a_sentence(
 
     assert run(build_parser().parse_args(["drill", *args])) == 2
     assert sentence in capsys.readouterr().err
+
+
+def test_only_refusals_after_the_drill_armed_the_run_count_as_the_stops() -> None:
+    # A gateway that has not yet heard the last clear may refuse a new run's first calls.
+    from haltwire.drill.agents import CanaryRun
+
+    run = CanaryRun("ignoring")
+    run.refuse("stopped")
+    assert run.early == ["stopped"] and run.refused_at is None and not run.refused.is_set()
+    run.armed = True
+    run.refuse("lease_invalid")
+    run.refuse("stopped")
+    assert run.refusal == "lease_invalid" and run.refused_at is not None and run.refused.is_set()

@@ -57,6 +57,10 @@ class CanaryRun:
     lease_end_at: float | None = None
     first_served: anyio.Event = field(default_factory=anyio.Event)
     refused: anyio.Event = field(default_factory=anyio.Event)
+    #: Set by the drill just before the stop: only refusals from then on are the stop's.
+    armed: bool = False
+    #: The codes of refusals before that (a gateway that had not yet heard the last clear, say).
+    early: list[str] = field(default_factory=list)
 
     def note(self, result: CallToolResult) -> None:
         if not result.is_error:
@@ -67,7 +71,9 @@ class CanaryRun:
         self.refuse(str(error.get("code", "error")) if isinstance(error, dict) else "error")
 
     def refuse(self, code: str) -> None:
-        if self.refused_at is None:
+        if not self.armed:
+            self.early.append(code)
+        elif self.refused_at is None:
             self.refused_at, self.refusal = time.time(), code
             self.refused.set()
 

@@ -47,6 +47,8 @@ class Rep:
     effects_after: list[str] = field(default_factory=list)
     #: The calls the runtime saw served (at most one fewer than recorded: a call cut in flight).
     served_seen: int = 0
+    #: Refusals the runtime saw before the stop (the gateway had not yet heard the last clear).
+    refused_before_stop: int = 0
     #: Why this rep could not be measured, as a sentence naming the rung; None when it was.
     broken: str | None = None
 
@@ -125,7 +127,16 @@ def _ms(spread: dict[str, float] | None) -> str:
 def table(summaries: list[RungSummary]) -> Table:
     """The figures, one row a rung, in milliseconds (p50 / p99 / max)."""
     out = Table(title="ms from the stop's acknowledgement (p50 / p99 / max)")
-    columns = ("rung", "runs", "last side effect", "first refusal", "lease end", "after stop", "target", "")
+    columns = (
+        "rung",
+        "runs",
+        "last side effect",
+        "first refusal",
+        "lease end",
+        "after stop",
+        "target",
+        "verdict",
+    )
     for column in columns:
         out.add_column(column, justify="left" if column == "rung" else "right", no_wrap=True)
     for s in summaries:

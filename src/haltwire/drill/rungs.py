@@ -131,11 +131,20 @@ class Drill:
             effects_total=len(effects),
             effects_after=[what for _, what in after],
             served_seen=run.served,
+            refused_before_stop=len(run.early),
         )  # fmt: skip
 
     async def _started(self, rung: str, run: CanaryRun) -> None:
+        """Until the run's first side effect; broken if it never comes, or if the well-behaved
+        runtime was refused (and so ended) first."""
         with anyio.move_on_after(START_S):
-            await run.first_served.wait()
+            while not run.first_served.is_set():
+                if run.runtime == "sdk" and run.early:
+                    raise RungBroken(
+                        f"the {rung} rung is broken: its sdk canary was refused ({run.early[0]}) "
+                        "before its first side effect, before any stop of the drill"
+                    )
+                await anyio.sleep(0.01)
             return
         raise RungBroken(
             f"the {rung} rung is broken: its {run.runtime} canary had no side effect within {START_S:g} s"
@@ -164,6 +173,7 @@ class Drill:
             await self._started(rung, run)
             await anyio.sleep(self.rng.uniform(*PAUSE_S))
             scope = scope_of(kind, run.run_id)
+            run.armed = True
             r = await self.operator.post(
                 "/v1/stops", json={"scope": scope, "reason": f"{REASON} {rung} rep {n}"}
             )
@@ -197,6 +207,8 @@ class Drill:
                 for run in runs:
                     await self._started("fail_closed", run)
                 await anyio.sleep(self.rng.uniform(*PAUSE_S))
+                for run in runs:
+                    run.armed = True
                 self.stack.pause_control()
                 ack = time.time()
                 try:
