@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,13 +21,19 @@ KINDS = {"run", "tenant", "agent", "version", "global", "tool"}
 
 
 def drill(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "haltwire", "drill", "--embedded", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
+    """``haltwire drill --embedded ARGS`` to its exit; past ``timeout``, SIGTERM (the drill takes
+    its stack down on it) and the test fails."""
+    command = [sys.executable, "-m", "haltwire", "drill", "--embedded", *args]
+    with subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as child:
+        try:
+            out, err = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            child.terminate()
+            out, err = child.communicate(timeout=30)
+            pytest.fail(f"the drill ran past {timeout:g} s; its stderr:\n{err}")
+    return subprocess.CompletedProcess(command, child.returncode, out, err)
 
 
 @pytest.mark.timeout(120)
@@ -98,3 +106,34 @@ def test_only_refusals_after_the_drill_armed_the_run_count_as_the_stops() -> Non
     run.refuse("lease_invalid")
     run.refuse("stopped")
     assert run.refusal == "lease_invalid" and run.refused_at is not None and run.refused.is_set()
+
+
+def _children(pid: int) -> set[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[1]) == pid:
+            found.add(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_takes_the_drills_stack_down_and_exits_130() -> None:
+    command = [sys.executable, "-m", "haltwire", "drill", "--embedded", "--reps", "20"]
+    with subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as child:
+        deadline = time.monotonic() + 30
+        while len(stack := _children(child.pid)) < 3:  # the control plane, the canary, the gateway
+            assert time.monotonic() < deadline and child.poll() is None, "the drill's stack did not start"
+            time.sleep(0.1)
+        time.sleep(1.0)  # into the reps
+        child.terminate()
+        _, err = child.communicate(timeout=30)
+    assert child.returncode == 130, err
+    assert "interrupted; its stack is down" in err
+    assert not {pid for pid in stack if Path(f"/proc/{pid}").exists()}

@@ -16,7 +16,8 @@ In this order:
    each missed target.
 
 Exit status: 0 when every rung met the class's ``time_to_stop_s``, 1 when a target was missed or
-a rung is broken, 2 for bad usage.
+a rung is broken, 2 for bad usage, 130 when interrupted (Ctrl-C or SIGTERM: the stack is taken
+down first).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import argparse
 import json
 import logging
 import random
+import signal
 import sys
 from typing import Final
 
@@ -60,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
         return _usage(f"unknown rung {', '.join(unknown) or '(none)'}; the rungs are {', '.join(RUNGS)}")
     if not args.verbose:  # the fail-closed rung's failed renewals are what it drills
         logging.getLogger("haltwire.runtime").setLevel(logging.ERROR)
+    # SIGTERM as Ctrl-C: the stack's processes are taken down either way (``running_stack``).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     err = Console(stderr=True)
     try:
@@ -67,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
     except StackFailed as exc:
         print(f"haltwire drill: the stack did not start: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("haltwire drill: interrupted; its stack is down", file=sys.stderr)
+        return 130
     summaries = summarize(reps, CLASS_TIMING["time_to_stop_s"])
     for rung in broken:  # a rung broken before its first rep was measured
         if not any(s.rung == rung for s in summaries):
@@ -79,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         data["ok"] = data["ok"] and not broken and not any(left.values())
         print(json.dumps(data, indent=2))
     else:
+        err.print(f"seed {seed} (--seed {seed} stops at the same moments)")
         out = Console()
         if not out.is_terminal:  # a file or a pipe: the table whole, not cut to 80 columns
             out = Console(width=120)
