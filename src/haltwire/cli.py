@@ -399,8 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--rungs", default="sdk,gateway,fail_closed", help="the rungs, comma-separated (default: all)")
     dr.add_argument("--json", action="store_true", help="print the figures as JSON")
     dr.add_argument("--seed", type=int, default=None, help="seed the random moments of the stops")
-    # Tests: a gateway without [control] (nor [leases]), so the gateway rung cannot stop anyone.
-    dr.add_argument("--broken-gateway", action="store_true", help=argparse.SUPPRESS)
+    # Tests: break the gateway rung on purpose (a gateway without [control] nor [leases], or none).
+    dr.add_argument("--break", dest="broken", choices=["gateway-without-control", "no-gateway"], help=argparse.SUPPRESS)
     dr.set_defaults(func=_drill)
 
     demo = sub.add_parser(

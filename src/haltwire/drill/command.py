@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     err = Console(stderr=True)
     try:
-        reps, broken, total, left = anyio.run(_drill, rungs, args.reps, seed, args.broken_gateway, err)
+        reps, broken, total, left = anyio.run(_drill, rungs, args.reps, seed, args.broken, err)
     except StackFailed as exc:
         print(f"haltwire drill: the stack did not start: {exc}", file=sys.stderr)
         return 1
@@ -118,14 +118,14 @@ def _verdict(summaries: list[RungSummary], broken: dict[str, str], left: dict[st
 
 
 async def _drill(
-    rungs: list[str], reps: int, seed: int, broken_gateway: bool, err: Console
+    rungs: list[str], reps: int, seed: int, break_: str | None, err: Console
 ) -> tuple[list[Rep], dict[str, str], int, dict[str, int]]:
     """Steps 2 to 4 of the module's docstring: the reps, the broken rungs' sentences, the size of
     the canary's record, and what the drill left behind (its active stops, its runs not ended)."""
     out: list[Rep] = []
     broken: dict[str, str] = {}
     kinds = iter(SCOPE_KINDS[k % len(SCOPE_KINDS)] for k in range(10**9))
-    with running_stack(broken_gateway=broken_gateway) as stack:
+    with running_stack(broken=break_) as stack:
         async with (
             operator_client(stack) as operator,
             httpx2.AsyncClient(base_url=stack.canary_url, timeout=5.0) as canary,

@@ -7,8 +7,9 @@ In this order, ``running_stack()``:
    ``time_to_stop_s``), the drill's operator, the gateway's identity and the canary runtime's
    (agent ``canary``, tenant ``drill``);
 2. writes the gateway's config: leases required of the canary, the canary upstream, ``[control]``
-   on the enforcement listener (``broken_gateway``: neither ``[control]`` nor ``[leases]``, a
-   gateway that cannot stop anyone, to show a broken rung);
+   on the enforcement listener. To show a broken rung, ``broken``: ``gateway-without-control``
+   writes neither ``[control]`` nor ``[leases]`` (a gateway that cannot stop anyone), and
+   ``no-gateway`` sends the canaries to the canary upstream directly (``mcp_url``);
 3. starts the control plane in a process group of its own (its agents' listener is a child
    process), the canary upstream, then the gateway, and waits for each;
 4. on leaving, resumes the control plane if it is paused and ends every process; the temporary
@@ -94,9 +95,9 @@ def gateway_config(port: int, enforcement_url: str, canary_url: str, broken: boo
 class Stack:
     """The processes and their URLs; ``start()`` brings them up, ``processes.close()`` down."""
 
-    def __init__(self, directory: Path, *, broken_gateway: bool = False) -> None:
+    def __init__(self, directory: Path, *, broken: str | None = None) -> None:
         self.directory = directory
-        self.broken_gateway = broken_gateway
+        self.broken = broken
         self.processes = Processes(directory)
         self.control_url = f"http://127.0.0.1:{free_port()}"
         self.admin_url = f"http://127.0.0.1:{free_port()}"
@@ -112,14 +113,18 @@ class Stack:
 
     @property
     def mcp_url(self) -> str:
-        return f"{self.gateway_url}/mcp"
+        """Where the canaries call their tool: the gateway (the canary upstream: ``no-gateway``)."""
+        return f"{self.canary_url if self.broken == 'no-gateway' else self.gateway_url}/mcp"
 
     def start(self) -> None:
         cp_toml, gw_toml = self.directory / "control.toml", self.directory / "gateway.toml"
         ports = (self._port(self.control_url), self._port(self.admin_url), self._port(self.enforcement_url))
         cp_toml.write_text(tomli_w.dumps(control_config(self.directory / "control.db", *ports)))
         gateway = gateway_config(
-            self._port(self.gateway_url), self.enforcement_url, self.canary_url, self.broken_gateway
+            self._port(self.gateway_url),
+            self.enforcement_url,
+            self.canary_url,
+            self.broken == "gateway-without-control",
         )
         gw_toml.write_text(tomli_w.dumps(gateway))
         self.control = self._spawn_group(
@@ -170,10 +175,10 @@ class Stack:
 
 
 @contextmanager
-def running_stack(*, broken_gateway: bool = False) -> Iterator[Stack]:
+def running_stack(*, broken: str | None = None) -> Iterator[Stack]:
     """The stack in a temporary directory, torn down however the block ends (Ctrl-C too)."""
     with tempfile.TemporaryDirectory(prefix="haltwire-drill-") as tmp:
-        stack = Stack(Path(tmp), broken_gateway=broken_gateway)
+        stack = Stack(Path(tmp), broken=broken)
         try:
             stack.start()
             yield stack
