@@ -165,5 +165,5 @@ async def _drill(
                             broken[rung] = str(sentences[0])
                             break
             total = await drill.total_recorded()
-            left = await drill.left_behind()
+            left = await drill.left_behind([r.run_id for r in out])
     return out, broken, total, left

@@ -101,16 +101,19 @@ class Drill:
         r.raise_for_status()
         return len(r.json()["effects"])
 
-    async def left_behind(self) -> dict[str, int]:
+    async def left_behind(self, run_ids: list[str]) -> dict[str, int]:
         """What the drill would leave behind, asked of the control plane: its stops still active,
-        its runs not ended (both 0 after a drill that ran to its end)."""
+        and which of its runs (``run_ids``) are not ended (both 0 after a drill that ran to its end)."""
         stops = await self.operator.get("/v1/stops")
-        runs = await self.operator.get("/v1/runs")
         stops.raise_for_status()
-        runs.raise_for_status()
+        not_ended = 0
+        for run_id in run_ids:
+            r = await self.operator.get(f"/v1/runs/{run_id}")
+            r.raise_for_status()
+            not_ended += r.json().get("ended_at") is None
         return {
             "active_stops": sum(str(s["reason"]).startswith(REASON) for s in stops.json()["stops"]),
-            "runs_not_ended": sum(r.get("ended_at") is None for r in runs.json()["runs"]),
+            "runs_not_ended": not_ended,
         }
 
     async def _measure(self, rung: str, n: int, scope: tuple[str, str], run: CanaryRun, ack: float) -> Rep:
