@@ -135,6 +135,15 @@ def test_the_egress_rules_know_nothing_of_http(module: str) -> None:
     assert not GRAPH[module] & {"haltwire.egress.proxy", "haltwire.egress.relay", "haltwire.egress.server"}
 
 
+def test_the_drill_is_a_client_of_the_other_processes() -> None:
+    # Like the demos: the runtime SDK, the demos' process helpers, the package root's small modules.
+    assert any(m.startswith("haltwire.drill.") for m in GRAPH)
+    internals = ("haltwire.gateway", "haltwire.control", "haltwire.store", "haltwire.executor", "haltwire.egress")
+    for module, targets in GRAPH.items():
+        if module.startswith("haltwire.drill"):
+            assert {t for t in targets if t.startswith(internals)} == set(), module
+
+
 def test_the_store_imports_no_process() -> None:
     for module, targets in GRAPH.items():
         if module.startswith("haltwire.store"):

@@ -81,3 +81,19 @@ def test_haltwire_control_exits_2_when_a_lease_secret_is_missing(
         main(["control", "--config", str(path)])
     assert exc.value.code == 2
     assert "HW_TEST_LEASE_KEY is not set" in capsys.readouterr().err
+
+
+def test_a_time_to_stop_shorter_than_one_lease_period_is_a_config_error() -> None:
+    # The fail-closed path: a runtime whose control plane is unreachable stops within ttl_s.
+    timing = {"ttl_s": 3, "renew_timeout_s": 2, "renew_every_s": 1, "time_to_stop_s": 2.5}
+    with pytest.raises(ConfigError, match=r"agent_classes\.fast") as exc:
+        parse_control_config(control(agent_classes={"default": {}, "fast": timing}))
+    assert "time_to_stop_s (2.5) is shorter than ttl_s (3)" in str(exc.value)
+    assert "one lease period" in str(exc.value)
+
+
+def test_a_time_to_stop_of_at_least_one_lease_period_is_valid() -> None:
+    timing = {"ttl_s": 3, "renew_timeout_s": 2, "renew_every_s": 1, "time_to_stop_s": 3}
+    config = parse_control_config(control(agent_classes={"default": {}, "fast": timing}))
+    assert config.agent_classes["fast"].time_to_stop_s == 3
+    assert config.agent_classes["default"].time_to_stop_s is None  # no target unless one is given

@@ -333,6 +333,12 @@ def _demo(args: argparse.Namespace) -> int:
     return status
 
 
+def _drill(args: argparse.Namespace) -> int:
+    from haltwire.drill.command import run
+
+    return run(args)
+
+
 def _tripwires_test(args: argparse.Namespace) -> int:
     from haltwire.gateway.config import load_config
     from haltwire.tripwires.backtest import main as backtest
@@ -400,6 +406,16 @@ def build_parser() -> argparse.ArgumentParser:
     from haltwire.control.operator import add_parsers
 
     add_parsers(sub)
+
+    dr = sub.add_parser("drill", help="stop canary agents at every rung; measure the time to the last side effect")
+    dr.add_argument("--embedded", action="store_true", help="drill a stack of its own (the embedded default)")
+    dr.add_argument("--reps", type=int, default=5, help="stops per rung (default 5)")
+    dr.add_argument("--rungs", default="sdk,gateway,fail_closed", help="the rungs, comma-separated (default: all)")
+    dr.add_argument("--json", action="store_true", help="print the figures as JSON")
+    dr.add_argument("--seed", type=int, default=None, help="seed the random moments of the stops")
+    # Tests: break the gateway rung on purpose (a gateway without [control] nor [leases], or none).
+    dr.add_argument("--break", dest="broken", choices=["gateway-without-control", "no-gateway"], help=argparse.SUPPRESS)
+    dr.set_defaults(func=_drill)
 
     demo = sub.add_parser(
         "demo",

@@ -15,14 +15,14 @@ from typing import Any, Final, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from haltwire.config import ConfigModel, LeaseKeysSection, TokenFields, read_toml, validate_config
+from haltwire.control.agent_classes import AgentClass as AgentClass
+from haltwire.control.agent_classes import RuleMode as RuleMode
 from haltwire.control.receivers import NotifyTarget, check_receivers
 from haltwire.identity import token_sha256
 from haltwire.limits import MAX_BODY_BYTES, MAX_INTENT_BODY_BYTES, MIN_BODY_BYTES
 from haltwire.listener import ListenerLimits
 
 Role = Literal["operator", "tripwire", "gateway", "executor", "agent", "viewer"]
-#: A control-plane rule's mode: ``shadow`` audits what it would have stopped and stops nothing.
-RuleMode = Literal["enforce", "shadow", "off"]
 
 
 class ControlSection(ConfigModel):
@@ -129,35 +129,6 @@ class AuditSection(ConfigModel):
             raise ValueError("give at most one of key_env, key_file or key")
         if self.key is not None and len(self.key) < MIN_AUDIT_KEY:
             raise ValueError(f"key: at least {MIN_AUDIT_KEY} characters")
-        return self
-
-
-class AgentClass(ConfigModel):
-    """Lease timing for one class of agent (``[agent_classes.NAME]``).
-
-    Checked like Kubernetes leader election: ``ttl_s`` > ``renew_timeout_s`` >
-    1.2 x ``renew_every_s``. The runtime renews every ``renew_every_s``; if it has not
-    renewed within ``renew_timeout_s`` of its last grant it gives up (the run stops) before
-    the gateway's own ``ttl_s`` bound does it.
-    """
-
-    ttl_s: float = Field(default=15.0, gt=0)
-    renew_every_s: float = Field(default=5.0, gt=0)
-    renew_timeout_s: float = Field(default=10.0, gt=0)
-    #: The wall-clock budget: a run of this class older than this (since it registered) is
-    #: stopped (``haltwire.control.wall_clock``); None: no bound.
-    max_wall_clock_s: float | None = Field(default=None, gt=0)
-    wall_clock_mode: RuleMode = "enforce"
-
-    @model_validator(mode="after")
-    def _ordered(self) -> AgentClass:
-        if not self.ttl_s > self.renew_timeout_s:
-            raise ValueError(f"ttl_s ({self.ttl_s:g}) must exceed renew_timeout_s ({self.renew_timeout_s:g})")
-        if not self.renew_timeout_s > 1.2 * self.renew_every_s:
-            raise ValueError(
-                f"renew_timeout_s ({self.renew_timeout_s:g}) must exceed 1.2 x renew_every_s "
-                f"({1.2 * self.renew_every_s:g})"
-            )
         return self
 
 

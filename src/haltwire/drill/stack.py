@@ -1,0 +1,186 @@
+"""The drill's own stack on the embedded default: the control plane (SQLite in a temporary
+directory), the canary upstream and a gateway following the control plane, each its own process.
+
+In this order, ``running_stack()``:
+
+1. writes the control plane's config: agent class ``canary`` (a short lease, its
+   ``time_to_stop_s``), the drill's operator, the gateway's identity and the canary runtime's
+   (agent ``canary``, tenant ``drill``);
+2. writes the gateway's config: leases required of the canary, the canary upstream, ``[control]``
+   on the enforcement listener. To show a broken rung, ``broken``: ``gateway-without-control``
+   writes neither ``[control]`` nor ``[leases]`` (a gateway that cannot stop anyone), and
+   ``no-gateway`` sends the canaries to the canary upstream directly (``mcp_url``);
+3. starts the control plane in a process group of its own (its agents' listener is a child
+   process), the canary upstream, then the gateway, and waits for each;
+4. on leaving, resumes the control plane if it is paused and ends every process; the temporary
+   directory goes with them: a drill leaves no data behind.
+
+``pause_control()`` and ``resume_control()`` make the control plane unreachable and back
+(SIGSTOP and SIGCONT to its process group), for the fail-closed rung.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Final
+
+import tomli_w
+
+from haltwire.demo.processes import Processes, Service, free_port
+
+#: The drill's agent class: a 3-second lease, and its target (at least one lease period).
+AGENT_CLASS: Final = "canary"
+CLASS_TIMING: Final = {"ttl_s": 3.0, "renew_every_s": 1.0, "renew_timeout_s": 2.5, "time_to_stop_s": 4.0}
+#: How long the gateway serves without hearing from the control plane.
+STALENESS_S: Final = 2.0
+AGENT: Final = "canary"
+TENANT: Final = "drill"
+VERSION: Final = "1.0"
+TOKENS: Final = {
+    "operator": "tok-drill-operator",
+    "gateway": "tok-drill-gateway",
+    "runtime": "tok-drill-runtime",
+    "agent": "tok-drill-agent",
+}
+LEASE_KEY: Final = {"kid": "drill", "secret": "drill-lease-key-never-in-production-0123456789"}
+
+
+def control_config(db: Path, port: int, admin_port: int, enforcement_port: int) -> dict[str, Any]:
+    return {
+        "control": {
+            "development": True,
+            "port": port,
+            "admin_port": admin_port,
+            "enforcement_port": enforcement_port,
+            "heartbeat_s": 0.5,
+        },
+        "registry": {"backend": "sqlite", "path": str(db)},
+        "leases": {"signing_key": LEASE_KEY["kid"], "keys": [LEASE_KEY]},
+        "agent_classes": {"default": {}, AGENT_CLASS: dict(CLASS_TIMING)},
+        "identities": [
+            {"name": "drill-operator", "role": "operator", "token": TOKENS["operator"]},
+            {"name": "drill-gateway", "role": "gateway", "token": TOKENS["gateway"]},
+            {"name": "drill-canary-runtime", "role": "agent", "agent": AGENT, "tenant": TENANT,
+             "version": VERSION, "token": TOKENS["runtime"]},
+        ],
+    }  # fmt: skip
+
+
+def gateway_config(port: int, enforcement_url: str, canary_url: str, broken: bool) -> dict[str, Any]:
+    identity: dict[str, Any] = {
+        "agent": AGENT,
+        "tenant": TENANT,
+        "version": VERSION,
+        "token": TOKENS["agent"],
+    }
+    data: dict[str, Any] = {
+        "gateway": {"development": True, "port": port},
+        "identities": [identity],
+        "upstreams": [{"name": "canary", "url": f"{canary_url}/mcp"}],
+    }
+    if not broken:
+        identity["lease"] = "required"
+        data["control"] = {"url": enforcement_url, "token": TOKENS["gateway"], "staleness_s": STALENESS_S}
+        data["leases"] = {"keys": [LEASE_KEY]}
+    return data
+
+
+class Stack:
+    """The processes and their URLs; ``start()`` brings them up, ``processes.close()`` down."""
+
+    def __init__(self, directory: Path, *, broken: str | None = None) -> None:
+        self.directory = directory
+        self.broken = broken
+        self.processes = Processes(directory)
+        self.control_url = f"http://127.0.0.1:{free_port()}"
+        self.admin_url = f"http://127.0.0.1:{free_port()}"
+        self.enforcement_url = f"http://127.0.0.1:{free_port()}"
+        self.canary_url = f"http://127.0.0.1:{free_port()}"
+        self.gateway_url = f"http://127.0.0.1:{free_port()}"
+        self.control: Service | None = None
+        self.paused = False
+
+    @staticmethod
+    def _port(url: str) -> int:
+        return int(url.rsplit(":", 1)[1])
+
+    @property
+    def mcp_url(self) -> str:
+        """Where the canaries call their tool: the gateway (the canary upstream: ``no-gateway``)."""
+        return f"{self.canary_url if self.broken == 'no-gateway' else self.gateway_url}/mcp"
+
+    def start(self) -> None:
+        cp_toml, gw_toml = self.directory / "control.toml", self.directory / "gateway.toml"
+        ports = (self._port(self.control_url), self._port(self.admin_url), self._port(self.enforcement_url))
+        cp_toml.write_text(tomli_w.dumps(control_config(self.directory / "control.db", *ports)))
+        gateway = gateway_config(
+            self._port(self.gateway_url),
+            self.enforcement_url,
+            self.canary_url,
+            self.broken == "gateway-without-control",
+        )
+        gw_toml.write_text(tomli_w.dumps(gateway))
+        self.control = self._spawn_group(
+            "control plane", "-m", "haltwire", "control", "--config", str(cp_toml)
+        )
+        canary = self.processes.spawn(
+            "canary upstream", "-m", "haltwire.drill.canary", "--port", str(self._port(self.canary_url))
+        )
+        canary.wait_http(f"{self.canary_url}/record")
+        for url in (self.control_url, self.admin_url, self.enforcement_url):
+            self.control.wait_http(f"{url}/healthz")
+        gw = self.processes.spawn("gateway", "-m", "haltwire", "gateway", "--config", str(gw_toml))
+        gw.wait_http(f"{self.gateway_url}/readyz")
+
+    def _spawn_group(self, name: str, *args: str) -> Service:
+        """As ``Processes.spawn``, in a process group of its own (its children with it)."""
+        log = self.directory / f"{name.replace(' ', '-')}.stderr"
+        with log.open("wb") as err:
+            process = subprocess.Popen(
+                [sys.executable, *args],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                start_new_session=True,
+            )
+        service = Service(name, process, log)
+        self.processes.services.append(service)
+        return service
+
+    def _signal_control(self, sig: signal.Signals) -> None:
+        if self.control is not None and self.control.process.poll() is None:
+            os.killpg(self.control.process.pid, sig)
+
+    def pause_control(self) -> None:
+        """The control plane stops answering (its connections stay open, unanswered)."""
+        self._signal_control(signal.SIGSTOP)
+        self.paused = True
+
+    def resume_control(self) -> None:
+        if self.paused:
+            self._signal_control(signal.SIGCONT)
+            self.paused = False
+
+    def close(self) -> None:
+        self.resume_control()
+        self.processes.close()
+
+
+@contextmanager
+def running_stack(*, broken: str | None = None) -> Iterator[Stack]:
+    """The stack in a temporary directory, torn down however the block ends (Ctrl-C too)."""
+    with tempfile.TemporaryDirectory(prefix="haltwire-drill-") as tmp:
+        stack = Stack(Path(tmp), broken=broken)
+        try:
+            stack.start()
+            yield stack
+        finally:
+            stack.close()
