@@ -67,6 +67,9 @@ class LeaseDesk:
         self.clock = clock
         self.mirror = StopMirror()
         self._noted = AuditOnce()
+        #: Grants made and refused by ``grant`` in this process (``haltwire.control.metrics``).
+        self.granted = 0
+        self.refused = 0
 
     @classmethod
     def from_config(cls, config: ControlConfig) -> LeaseDesk | None:
@@ -101,7 +104,9 @@ class LeaseDesk:
         generation = self.stops.revision  # read before the check: the check covers it
         refusal = self.check(run, now)
         if refusal is not None:
+            self.refused += 1
             return refusal
+        self.granted += 1
         timing = self.agent_class(run.agent_class)
         claims = LeaseClaims(
             run=run.run_id,

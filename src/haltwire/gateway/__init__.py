@@ -170,7 +170,7 @@ def create_app(
     if routes is not None:
         models = ModelCalls(gateway, routes, UsageCounts(store, config.limits.window_s, clock=clock), reports)
 
-    async def startup(stack: AsyncExitStack) -> None:
+    async def opened(stack: AsyncExitStack) -> None:
         if routes is not None:
             routes.open()  # aiohttp's sessions belong to the serving loop
             stack.push_async_callback(routes.aclose)
@@ -221,6 +221,17 @@ def create_app(
         await upstreams.connect(stack)
         if intents is not None and upstreams.route(INTENT_TOOL) is not None:
             raise UpstreamError(f"an upstream offers {INTENT_TOOL}, the gateway's own tool; give it a prefix")
+
+    tracer = None
+    if config.tracing.enabled:
+        from haltwire.gateway.tracing import CallTracer, provider_of  # the otel extra, only when on
+
+        tracer = gateway.tracer = CallTracer(provider_of(config.tracing))
+
+    async def startup(stack: AsyncExitStack) -> None:
+        if tracer is not None:
+            stack.callback(tracer.shutdown)  # the spans still batched are exported at shutdown
+        await opened(stack)
 
     return GatewayApp(
         gateway,

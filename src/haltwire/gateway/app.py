@@ -1,9 +1,9 @@
 """The gateway's ASGI application: the HTTP edge, and the fast path for ``tools/call``.
 
-Every request but the probes (``/healthz``, ``/readyz``) names the gateway first
-(``haltwire.gateway.hosts``): a ``Host`` it is not served under gets 421, an ``Origin`` that
-may not call it 403 (DNS-rebinding protection, before anything else, whatever the method). Then every request to ``/mcp`` passes
-the edge:
+Every request but the probes (``/healthz``, ``/readyz``) and ``/metrics`` (no token; counts of calls
+and refusals, ``haltwire.metrics``) names the gateway first (``haltwire.gateway.hosts``): a ``Host``
+it is not served under gets 421, an ``Origin`` that may not call it 403 (DNS-rebinding
+protection, before anything else, whatever the method). Then every request to ``/mcp`` passes the edge:
 
 1. the bearer token resolves to an identity (``haltwire.gateway.identities``), or the answer is 401;
 2. an identity suspended at the edge gets 403;
@@ -17,22 +17,21 @@ the edge:
 Then a modern (2026-07-28) ``tools/call`` takes the fast path here: parse, validate the
 envelope with the SDK's own ladder (``classify_inbound_request``), run the ``Gateway``
 pipeline and write the JSON-RPC answer. Anything else (discovery, ``tools/list``,
-handshake-era clients, a request the fast path does not recognise) is replayed, body
-and all, into the official SDK's streamable-HTTP handler, so protocol corner cases
-have one implementation. The fast path exists because the SDK's server machinery costs
-more per call than every check haltwire makes (``benchmarks/gateway.py`` measures both).
+handshake-era clients, a request the fast path does not recognise) is replayed, body and all, into
+the official SDK's streamable-HTTP handler, so protocol corner cases have one implementation. The
+fast path exists because the SDK's server machinery costs more per call than every check haltwire
+makes (``benchmarks/gateway.py`` measures both).
 
 With ``[[models]]``, ``POST /v1/chat/completions`` and ``POST /v1/responses`` pass the same
 edge (steps 1 to 3), then ``haltwire.gateway.model_calls`` serves them. Beside ``/mcp``, without
-authentication: ``/healthz`` answers 200 as soon as the port is served
-(liveness), ``/readyz`` 200 only once the gateway is started, its upstreams connected and its
+authentication: ``/healthz`` answers 200 as soon as the port is served (liveness), ``/readyz`` 200 only once the gateway is started, its upstreams connected and its
 stops current, else 503 naming what is missing (readiness, ``haltwire.gateway.readiness``).
 ``haltwire gateway`` serves its port while it starts, so both answer then; a request to ``/mcp``
 that comes before the start has finished waits for it.
 
-Cancellation: the pipeline runs in a task group next to a watcher of the client's
-connection. When the client disconnects, the watcher cancels the group, which cancels
-the upstream request (the upstream sees its stream close) and releases the slot.
+Cancellation: the pipeline runs in a task group next to a watcher of the client's connection. When
+the client disconnects, the watcher cancels the group, which cancels the upstream request (the
+upstream sees its stream close) and releases the slot.
 """
 
 from __future__ import annotations
@@ -80,6 +79,7 @@ from haltwire.gateway.wire import (
 )
 from haltwire.identity import Identity, bearer_token
 from haltwire.meta import LEASE_HEADER
+from haltwire.metrics import CONTENT_TYPE, exposition
 from haltwire.refusal import Refusal
 from haltwire.tokens import LeaseClaims
 
@@ -91,6 +91,7 @@ _SSE_HEADERS: Final = [
     (b"cache-control", b"no-cache, no-transform"),
     (b"x-accel-buffering", b"no"),
 ]
+_METRICS_HEADERS: Final = [(b"content-type", CONTENT_TYPE.encode())]
 _MODERN: Final = frozenset(v.encode() for v in MODERN_PROTOCOL_VERSIONS)
 #: A body that is not JSON at all: the SDK's handler answers it.
 _UNPARSED: Final = object()
@@ -170,6 +171,9 @@ class GatewayApp:
             # Probed by address too; it names what is not ready, nothing secret.
             await _respond(send, *readiness(self.gateway, self.started))
             return
+        if path == "/metrics":  # scraped by address, no token: counts, no identity or run in them
+            await _respond(send, 200, exposition(self.gateway.metrics.registry), _METRICS_HEADERS)
+            return
         refused = self.hosts.refusal(scope["headers"])
         if refused is not None:
             await _respond(send, *refused)
@@ -236,21 +240,24 @@ class GatewayApp:
         self, scope: Scope, send: Send, refuse: Callable[[Send, Refusal], Awaitable[None]]
     ) -> tuple[Identity, LeaseClaims | None] | None:
         """Edge steps 1 to 3: the caller's identity (and broker credential), or None once refused."""
+        if not isinstance(refused := await self._edge_refusal(scope), Refusal):
+            return refused
+        self.gateway.metrics.refused(refused)
+        await refuse(send, refused)
+        return None
+
+    async def _edge_refusal(self, scope: Scope) -> tuple[Identity, LeaseClaims | None] | Refusal:
         token = bearer_token((_header(scope, b"authorization") or b"").decode("latin-1"))
         if token is None:
-            await refuse(send, refusal.unauthenticated("no bearer token was sent"))
-            return None
+            return refusal.unauthenticated("no bearer token was sent")
         resolved = await self.identities.resolve(token)
         if isinstance(resolved, Refusal):
-            await refuse(send, resolved)
-            return None
+            return resolved
         if resolved[0].suspended_at_edge:
-            await refuse(send, refusal.agent_suspended(resolved[0].agent))
-            return None
+            return refusal.agent_suspended(resolved[0].agent)
         length = _header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            await refuse(send, refusal.payload_too_large(self.max_body_bytes))
-            return None
+            return refusal.payload_too_large(self.max_body_bytes)
         return resolved
 
     async def _edge(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -345,17 +352,8 @@ class GatewayApp:
         # The header is looked for only by a gateway that verifies leases.
         lease_header = headers.get(LEASE_HEADER) if self.gateway.leases is not None else None
         await self._serve_call(
-            identity,
-            request_id,
-            name,
-            arguments,
-            meta,
-            token,
-            wants_progress,
-            receive,
-            send,
-            lease_header,
-            credential,
+            identity, request_id, name, arguments, meta, token, wants_progress, receive, send,
+            lease_header, credential, headers.get("mcp-session-id"),
         )
         return True
 
@@ -372,6 +370,7 @@ class GatewayApp:
         send: Send,
         lease_header: str | None = None,
         credential: LeaseClaims | None = None,
+        session: str | None = None,
     ) -> None:
         events_out, events_in = anyio.create_memory_object_stream[bytes](16)
         outcome: list[dict[str, Any] | Refusal | MCPError] = []
@@ -392,7 +391,7 @@ class GatewayApp:
                 try:
                     outcome.append(
                         await self.gateway.call_tool(
-                            identity, name, arguments, meta, report, lease_header, credential
+                            identity, name, arguments, meta, report, lease_header, credential, (request_id, session)
                         )
                     )
                 except MCPError as exc:

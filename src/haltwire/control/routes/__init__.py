@@ -27,6 +27,7 @@ from starlette.routing import BaseRoute
 from haltwire.control import wall_clock
 from haltwire.control.config import ControlConfig
 from haltwire.control.errors import Refused, unavailable
+from haltwire.control.metrics import ControlMetrics
 from haltwire.control.notify import receivers
 from haltwire.control.plane import Plane
 from haltwire.control.routes import calls, credentials, firings, intents, openapi, reports, runs, stops
@@ -131,4 +132,5 @@ def create_app(
         telemetry={"tracing": False, "metrics": False, "logs": False, "auto_configure": False},
     )
     app.state.plane = plane
+    app.state.metrics = ControlMetrics(plane)
     return app

@@ -1,0 +1,127 @@
+"""``/metrics`` on the gateway, the control plane and the executor: the counters move with what
+happens (a budget refusal, a stop, an intent), label sets stay bounded, and refusals are logged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx2
+import pytest
+from mcp.shared.exceptions import MCPError
+
+from control_harness import auth
+from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
+from intents_harness import propose, sqlite
+from leases_harness import LEASES, call, client, mint
+from metrics_harness import control_with_admin, json_log, lines, scrape, series, value
+from runs_harness import config_dict as runs_config
+from runs_harness import register
+from stops_harness import control_plane, gateway_config, issue, until
+
+pytestmark = pytest.mark.anyio
+
+CALLS = "haltwire_gateway_tool_calls_total"
+
+
+def metrics_url(mcp_url: str) -> str:
+    return mcp_url.removesuffix("/mcp") + "/metrics"
+
+
+async def test_a_budget_refusal_moves_the_gateways_counters_and_is_logged_with_its_run() -> None:
+    data = config_dict("", limits={"budget": 2}, leases=LEASES)
+    async with running_upstream() as (_, up):
+        data["upstreams"][0]["url"] = f"{up}/mcp"
+        async with running_gateway(data) as (_, url), client(url) as c:
+            with json_log() as buffer:
+                codes = [await call(c, mint("run-7")) for _ in range(3)]
+            samples = await scrape(metrics_url(url))
+    assert [None if e is None else e["code"] for e in codes] == [None, None, "budget_exhausted"]
+    assert value(samples, CALLS, tool="lookup_order", outcome="ok") == 2
+    assert value(samples, CALLS, tool="lookup_order", outcome="refused") == 1
+    refusals = "haltwire_gateway_refusals_total"
+    assert value(samples, refusals, code="budget_exhausted", retryable="false") == 1
+    assert value(samples, "haltwire_gateway_call_duration_seconds_count", kind="tool") == 3
+    assert value(samples, "haltwire_gateway_upstream_duration_seconds_count", upstream="demo") == 2
+    assert value(samples, "haltwire_gateway_leases_total", result="accepted") == 3
+    assert value(samples, "haltwire_gateway_calls_in_flight") == 0
+    refused = [line for line in lines(buffer) if line.get("code") == "budget_exhausted"]
+    assert len(refused) == 1, lines(buffer)
+    assert refused[0]["level"] == "info"
+    assert (refused[0]["identity"], refused[0]["run"], refused[0]["tenant"]) == ("ops-bot", "run-7", "acme")
+
+
+async def test_made_up_tool_names_share_one_label() -> None:
+    async with running_upstream() as (_, up), running_gateway(config_dict(up)) as (_, url):
+        async with connect(url, TOKENS["ops-bot"]) as c:
+            for i in range(200):
+                with pytest.raises(MCPError, match="Unknown tool"):
+                    await c.call_tool(f"made_up_{i}", {})
+            await c.call_tool("lookup_order", {"order_id": "A-1"})
+        samples = await scrape(metrics_url(url))
+    tools = {s["tool"] for s in series(samples, CALLS)}
+    assert tools == {"unknown", "lookup_order"}
+    assert value(samples, CALLS, tool="unknown", outcome="error") == 200
+    assert len(samples) < 150  # nothing grew with the names
+
+
+async def test_a_stop_moves_active_stops_propagation_and_refusals(tmp_path: Path) -> None:
+    async with running_upstream() as (_, up), control_plane(tmp_path / "c.db") as cp:
+        async with running_gateway(gateway_config(up, cp)) as (_, url):
+            before = await scrape(metrics_url(url))
+            assert value(before, "haltwire_gateway_watch_current") == 1
+            assert value(before, "haltwire_gateway_active_stops", kind="agent") == 0
+            await issue(cp, "agent:ops-bot")
+
+            async def applied() -> bool:
+                now = await scrape(metrics_url(url))
+                return value(now, "haltwire_gateway_active_stops", kind="agent") == 1
+
+            await until(applied)
+            async with connect(url, TOKENS["ops-bot"]) as c:
+                assert (await c.call_tool("lookup_order", {"order_id": "A-1"})).is_error
+            after = await scrape(metrics_url(url))
+    assert value(after, "haltwire_gateway_stop_propagation_seconds_count") == 1
+    assert value(after, "haltwire_gateway_stop_propagation_seconds_sum") < 5
+    assert value(after, "haltwire_gateway_refusals_total", code="stopped", retryable="false") == 1
+    assert 0 <= value(after, "haltwire_gateway_watch_staleness_seconds") < 5
+    assert value(after, "haltwire_gateway_active_stops", kind="tenant") == 0
+
+
+async def test_metrics_need_no_token_and_count_the_edges_refusals() -> None:
+    async with running_upstream() as (_, up), running_gateway(config_dict(up)) as (_, url):
+        async with httpx2.AsyncClient(timeout=10) as http:
+            r = await http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        assert r.status_code == 401
+        samples = await scrape(metrics_url(url))
+    assert value(samples, "haltwire_gateway_refusals_total", code="unauthenticated", retryable="false") == 1
+    assert value(samples, "haltwire_gateway_calls_in_flight") == 0
+
+
+async def test_the_control_planes_metrics_move_with_a_stop_an_intent_and_a_lease(tmp_path: Path) -> None:
+    async with control_with_admin(runs_config(sqlite(tmp_path), True)) as (agents, admin):
+        async with httpx2.AsyncClient(base_url=agents, timeout=10) as http:
+            run = (await register(http))["run"]["run_id"]
+            await propose(http, "k-1")
+            await propose(http, "k-2", agent="other-agent")
+        await issue(admin, "agent:a1")  # cancels a1's pending intent
+        async with httpx2.AsyncClient(base_url=admin, timeout=10) as http:
+            r = await http.post(f"/v1/runs/{run}/lease", headers=auth("agent"))
+        async with httpx2.AsyncClient(base_url=agents, timeout=10) as http:
+            stopped = await http.post(f"/v1/runs/{run}/lease", headers=auth("agent"))
+            assert stopped.json()["error"]["code"] == "stopped", stopped.text
+            refused_on_agents = await http.get("/metrics", headers=auth("viewer"))
+        samples = await scrape(f"{admin}/metrics", auth("viewer"))
+        async with httpx2.AsyncClient(base_url=admin, timeout=10) as http:
+            as_agent = await http.get("/metrics", headers=auth("agent"))
+            anonymous = await http.get("/metrics")
+    assert r.status_code == 403  # an agent's token on the admin listener
+    assert refused_on_agents.status_code == 404, "served on the admin listener only"
+    assert as_agent.status_code == 403 and anonymous.status_code == 401
+    assert value(samples, "haltwire_control_stops_issued_total", kind="agent") == 1
+    assert value(samples, "haltwire_control_stops_cleared_total", kind="agent") == 0
+    assert value(samples, "haltwire_control_active_stops", kind="agent") == 1
+    assert value(samples, "haltwire_control_intents", state="cancelled") == 1
+    assert value(samples, "haltwire_control_intents", state="pending") == 1
+    assert value(samples, "haltwire_control_leases_total", result="granted") == 1  # the registration's
+    assert value(samples, "haltwire_control_leases_total", result="refused") == 1
+    assert value(samples, "haltwire_control_audit_records_total") >= 4
