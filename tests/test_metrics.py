@@ -16,7 +16,8 @@ from leases_harness import LEASES, call, client, mint
 from metrics_harness import control_with_admin, json_log, lines, scrape, series, value
 from runs_harness import config_dict as runs_config
 from runs_harness import register
-from stops_harness import control_plane, gateway_config, issue, until
+from stops_harness import code_of, control_plane, gateway_config, issue, until
+from tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.anyio
 
@@ -125,3 +126,32 @@ async def test_the_control_planes_metrics_move_with_a_stop_an_intent_and_a_lease
     assert value(samples, "haltwire_control_leases_total", result="granted") == 1  # the registration's
     assert value(samples, "haltwire_control_leases_total", result="refused") == 1
     assert value(samples, "haltwire_control_audit_records_total") >= 4
+
+
+async def test_failing_closed_is_logged_once_when_it_starts_and_once_when_it_ends(tmp_path: Path) -> None:
+    async with running_upstream() as (_, up), control_plane(tmp_path / "c.db") as cp:
+        async with TcpProxy.running(int(cp.rsplit(":", 1)[1])) as proxy:
+            async with running_gateway(gateway_config(up, proxy.url)) as (_, url):
+                async with connect(url, TOKENS["ops-bot"]) as c:
+                    with json_log("warning") as buffer:
+                        proxy.block()  # silence: no event, no heartbeat
+
+                        async def refused() -> bool:
+                            return await code_of(c) == "registry_unreachable"
+
+                        await until(refused)
+                        codes = [await code_of(c) for _ in range(20)]
+                        stale = [line["message"] for line in lines(buffer)]
+                        proxy.unblock()
+                        proxy.cut()  # the silent connection is dropped; the watch reconnects
+
+                        async def served() -> bool:
+                            return await code_of(c) is None
+
+                        await until(served, within=15)
+                        await code_of(c)
+                    warnings = [line["message"] for line in lines(buffer) if line["level"] == "warning"]
+    assert codes == ["registry_unreachable"] * 20
+    assert sum("stops stale" in m for m in stale) == 1, stale
+    assert sum("stops stale" in m for m in warnings) == 1, warnings
+    assert sum("stops current again" in m for m in warnings) == 1, warnings

@@ -5,8 +5,9 @@ conventions: a server span named ``tools/call TOOL`` with ``mcp.method.name``,
 ``tool_error`` for an error result, the JSON-RPC error's code for one. Its parent is the W3C
 context the call carries in ``params._meta`` (``traceparent``, ``tracestate``).
 
-Only ``create_app`` imports this module, and only when ``[tracing] enabled``: without it, no
-OpenTelemetry module is loaded and a call pays one ``None`` check.
+Only ``create_app`` imports this module, and only when ``[tracing] enabled``: without it, neither
+this module nor the SDK's tracer is loaded (the mcp SDK loads OpenTelemetry's API on its own),
+and a call pays one ``None`` check.
 """
 
 from __future__ import annotations
