@@ -10,6 +10,10 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from control_harness import auth
+from executor_harness import control_plane as control_plane_for_executor
+from executor_harness import executor, settled, shop
+from executor_harness import gateway_config as executor_gateway_config
+from executor_harness import propose as propose_intent
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
 from intents_harness import propose, sqlite
 from leases_harness import LEASES, call, client, mint
@@ -155,3 +159,24 @@ async def test_failing_closed_is_logged_once_when_it_starts_and_once_when_it_end
     assert sum("stops stale" in m for m in stale) == 1, stale
     assert sum("stops stale" in m for m in warnings) == 1, warnings
     assert sum("stops current again" in m for m in warnings) == 1, warnings
+
+
+async def test_the_executors_metrics_count_what_became_of_its_intents(tmp_path: Path) -> None:
+    async with control_plane_for_executor(tmp_path / "control.db") as cp, shop(tmp_path) as (_, up):
+        await propose_intent(cp, "k-1", order="A-1001")
+        await propose_intent(cp, "k-2", order="A-1002", run="r-2")
+        await issue(cp, "run:r-2")  # k-2 is cancelled before anyone claims it
+        await propose_intent(cp, "k-3", order="A-1003")
+        config = executor_gateway_config(up, cp)
+        config["executor"]["metrics_port"] = 0
+        async with executor(config) as ex:
+            await settled(cp, 3)
+            assert ex.metrics_url is not None
+            samples = await scrape(ex.metrics_url)
+            async with httpx2.AsyncClient(timeout=5) as http:
+                assert (await http.get(ex.metrics_url.removesuffix("metrics") + "other")).status_code == 404
+    intents = "haltwire_executor_intents_total"
+    assert value(samples, intents, state="claimed") == 2
+    assert value(samples, intents, state="committed") == 2
+    assert value(samples, intents, state="cancelled") == 0  # cancelled at the control plane, never claimed
+    assert value(samples, "haltwire_executor_call_duration_seconds_count") == 2

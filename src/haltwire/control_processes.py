@@ -22,13 +22,14 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
 import anyio
 import anyio.abc
 
+from haltwire.access_log import logged
 from haltwire.control import AdminOnly, AgentsListener, ControlConfig, EnforcementOnly, create_app
 from haltwire.control.broker import BrokerKeys
 from haltwire.control.plane import Plane
@@ -82,12 +83,13 @@ class AgentsProcess:
     main process (``run`` until cancelled, ``stop``)."""
 
     def __init__(
-        self, config_path: Path, sock: socket.socket, plane: Plane, wakes: bool, verbose: bool
+        self, config_path: Path, sock: socket.socket, plane: Plane, wakes: bool, log_options: Sequence[str] = ()
     ) -> None:
         self.config_path = config_path
         self.sock = sock
         self.plane = plane
-        self.verbose = verbose
+        #: ``haltwire control``'s logging options, for the child (``haltwire.logs.argv``).
+        self.log_options = list(log_options)
         self.proc: anyio.abc.Process | None = None
         self._peer: socket.socket | None = None
         self._stopping = False
@@ -111,8 +113,8 @@ class AgentsProcess:
                             sys.executable,
                             "-m",
                             "haltwire",
-                            *(["--verbose"] if self.verbose else []),
                             "control",
+                            *self.log_options,
                             "--config",
                             str(self.config_path),
                             AGENTS_PROCESS_OPTION,
@@ -165,7 +167,7 @@ async def serve_main(
     agents: socket.socket,
     admin: socket.socket,
     enforcement: socket.socket,
-    verbose: bool = False,
+    log_options: Sequence[str] = (),
     opened: Callable[[], None] | None = None,
 ) -> None:
     """The main process: the admin and enforcement listeners, and the agents' process, until
@@ -180,20 +182,21 @@ async def serve_main(
             opened()
         app = create_app(config, stores)
         child = AgentsProcess(
-            config_path, agents, app.state.plane, config.registry.backend == "sqlite", verbose
+            config_path, agents, app.state.plane, config.registry.backend == "sqlite", log_options
         )
+        access = "--access-log" in log_options
         async with anyio.create_task_group() as tg:
             tg.start_soon(child.run)
             await serve_listeners(
                 [
                     (
-                        InFlightCap(AdminOnly(app), section.admin_listener.max_in_flight, STREAMS),
+                        InFlightCap(logged(AdminOnly(app), access), section.admin_listener.max_in_flight, STREAMS),
                         admin,
                         section.admin_listener,
                     ),
                     (
                         InFlightCap(
-                            EnforcementOnly(app), section.enforcement_listener.max_in_flight, STREAMS
+                            logged(EnforcementOnly(app), access), section.enforcement_listener.max_in_flight, STREAMS
                         ),
                         enforcement,
                         section.enforcement_listener,
@@ -204,7 +207,7 @@ async def serve_main(
             tg.cancel_scope.cancel()
 
 
-async def serve_agents(config: ControlConfig, fds: str) -> None:
+async def serve_agents(config: ControlConfig, fds: str, access_log: bool = False) -> None:
     """The agents' process: the agents' listener on the inherited socket, until SIGINT/SIGTERM,
     or until the main process is gone."""
     listening, pair = (int(fd) for fd in fds.split(","))
@@ -220,7 +223,8 @@ async def serve_agents(config: ControlConfig, fds: str) -> None:
             plane.peers.append(lambda: tell(peer))
         async with anyio.create_task_group() as tg:
             tg.start_soon(_lifeline, peer, plane)
-            await serve_forever(InFlightCap(AgentsListener(app), limits.max_in_flight, STREAMS), sock, limits)
+            agents = logged(AgentsListener(app), access_log)
+            await serve_forever(InFlightCap(agents, limits.max_in_flight, STREAMS), sock, limits)
             tg.cancel_scope.cancel()
 
 

@@ -79,6 +79,15 @@ def configure_from(args: argparse.Namespace) -> None:
     logging.getLogger("haltwire.access").disabled = not args.access_log
 
 
+def argv(args: argparse.Namespace) -> list[str]:
+    """The logging options of ``args`` as a command line (for a child process of the command)."""
+    out = ["--log-format", args.log_format]
+    level = args.log_level or ("debug" if getattr(args, "verbose", False) else None)
+    if level is not None:
+        out += ["--log-level", level]
+    return [*out, "--access-log"] if args.access_log else out
+
+
 def log_refusal(log: logging.Logger, identity: Identity, what: str, run: str | None, r: Refusal) -> None:
     """The one log line of a refusal answered to an agent: at info, with who, what, code and run."""
     if log.isEnabledFor(logging.INFO):

@@ -226,5 +226,51 @@ class GatewayMetrics:
             self.lease_refused()
 
 
+class ExecutorMetrics:
+    """The executor's (``[executor] metrics_port``): intents by what became of them, and the time
+    of each intent's call to its upstream."""
+
+    def __init__(self) -> None:
+        p = "haltwire_executor"
+        self.registry = of = registry()
+        intents = Counter(f"{p}_intents_total", "Intents claimed, and settled by state", ["state"], registry=of)
+        self._intents = {
+            state: intents.labels(state).inc for state in ("claimed", "committed", "failed", "cancelled")
+        }
+        self.call_duration = Histogram(
+            f"{p}_call_duration_seconds",
+            "An intent's call to its upstream (each attempt)",
+            buckets=LATENCY_BUCKETS,
+            registry=of,
+        ).observe
+
+    def intent(self, state: str) -> None:
+        """Count an intent ``claimed``, or settled ``committed``, ``failed`` or ``cancelled``."""
+        inc = self._intents.get(state)
+        if inc is not None:
+            inc()
+
+
+class EgressMetrics:
+    """The egress proxy's: connections by outcome, refusals by code, tunnels open now."""
+
+    def __init__(self) -> None:
+        p = "haltwire_egress"
+        self.registry = of = registry()
+        connections = Counter(
+            f"{p}_connections_total", "Proxy requests by outcome", ["outcome"], registry=of
+        )
+        self.relayed = connections.labels("relayed").inc
+        self.refused_connection = connections.labels("refused").inc
+        self.refusals = Refusals(p, of)
+        #: CONNECT tunnels open now (read at scrape time).
+        self.tunnels = 0
+        Gauge(f"{p}_open_tunnels", "CONNECT tunnels open", registry=of).set_function(lambda: self.tunnels)
+
+    def refused(self, r: Refusal) -> None:
+        self.refused_connection()
+        self.refusals.count(r.code, r.retryable)
+
+
 def elapsed(since: float) -> float:
     return time.perf_counter() - since
