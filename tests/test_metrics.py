@@ -10,6 +10,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from control_harness import auth
+from egress_harness import basic, connect_via, egress_config, http_target, running_egress
 from executor_harness import control_plane as control_plane_for_executor
 from executor_harness import executor, settled, shop
 from executor_harness import gateway_config as executor_gateway_config
@@ -180,3 +181,34 @@ async def test_the_executors_metrics_count_what_became_of_its_intents(tmp_path: 
     assert value(samples, intents, state="committed") == 2
     assert value(samples, intents, state="cancelled") == 0  # cancelled at the control plane, never claimed
     assert value(samples, "haltwire_executor_call_duration_seconds_count") == 2
+
+
+async def test_the_egress_proxys_metrics_count_connections_refusals_and_open_tunnels(tmp_path: Path) -> None:
+    async with control_plane(tmp_path / "c.db") as cp, http_target() as web:
+        config = egress_config(cp, {"web": [f"127.0.0.1:{web}"]}, {"ops-bot": "web"})
+        config["egress"]["metrics_port"] = 0
+        async with running_egress(config) as (proxy, port):
+            scraped = proxy.metrics_url
+            assert scraped is not None
+            token = basic("run-1", mint("run-1", generation=10**6))
+            stream, answer = await connect_via(port, f"127.0.0.1:{web}", token)
+            async with stream:
+                assert answer.status == 200
+                open_now = await scrape(scraped)
+            denied = await connect_via(port, "127.0.0.1:9", token)
+            await denied[0].aclose()
+            anonymous = await connect_via(port, f"127.0.0.1:{web}", None)
+            await anonymous[0].aclose()
+
+            async def closed() -> bool:
+                return value(await scrape(scraped), "haltwire_egress_open_tunnels") == 0
+
+            await until(closed)
+            samples = await scrape(scraped)
+    assert (denied[1].status, anonymous[1].status) == (403, 407)
+    assert value(open_now, "haltwire_egress_open_tunnels") == 1
+    assert value(samples, "haltwire_egress_connections_total", outcome="relayed") == 1
+    assert value(samples, "haltwire_egress_connections_total", outcome="refused") == 2
+    refusals = "haltwire_egress_refusals_total"
+    assert value(samples, refusals, code="egress_denied", retryable="false") == 1
+    assert value(samples, refusals, code="proxy_auth_required", retryable="false") == 1
