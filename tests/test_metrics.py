@@ -3,12 +3,19 @@ happens (a budget refusal, a stop, an intent), label sets stay bounded, and refu
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
+import anyio
 import httpx2
 import pytest
+import tomli_w
 from mcp.shared.exceptions import MCPError
 
+from cli_process import run_haltwire
 from control_harness import auth
 from egress_harness import basic, connect_via, egress_config, http_target, running_egress
 from executor_harness import control_plane as control_plane_for_executor
@@ -19,6 +26,7 @@ from harness import TOKENS, config_dict, connect, running_gateway, running_upstr
 from intents_harness import propose, sqlite
 from leases_harness import LEASES, call, client, mint
 from metrics_harness import control_with_admin, json_log, lines, scrape, series, value
+from redis_process import free_port
 from runs_harness import config_dict as runs_config
 from runs_harness import register
 from stops_harness import code_of, control_plane, gateway_config, issue, until
@@ -212,3 +220,50 @@ async def test_the_egress_proxys_metrics_count_connections_refusals_and_open_tun
     refusals = "haltwire_egress_refusals_total"
     assert value(samples, refusals, code="egress_denied", retryable="false") == 1
     assert value(samples, refusals, code="proxy_auth_required", retryable="false") == 1
+
+
+async def test_the_gateway_command_logs_json_lines_an_access_log_and_its_refusals(tmp_path: Path) -> None:
+    port = free_port()
+    async with running_upstream() as (_, up):
+        data = config_dict(up, limits={"budget": 1})
+        data["gateway"]["port"] = port
+        path = tmp_path / "gateway.toml"
+        path.write_text(tomli_w.dumps(data))
+        command = [sys.executable, "-m", "haltwire", "gateway", "--config", str(path)]
+        command += ["--log-format", "json", "--access-log"]
+        async with await anyio.open_process(command, stderr=subprocess.PIPE) as proc:
+            url = f"http://127.0.0.1:{port}"
+
+            async def ready() -> bool:
+                try:
+                    async with httpx2.AsyncClient(timeout=2) as http:
+                        return (await http.get(f"{url}/readyz")).status_code == 200
+                except httpx2.HTTPError:
+                    return False
+
+            await until(ready, within=30)
+            async with connect(f"{url}/mcp", TOKENS["ops-bot"]) as c:
+                assert await code_of(c) is None
+                assert await code_of(c) == "budget_exhausted"
+            proc.send_signal(signal.SIGTERM)
+            assert proc.stderr is not None
+            err = b""
+            async for chunk in proc.stderr:
+                err += chunk
+            assert await proc.wait() == 0
+    logged = [json.loads(line) for line in err.decode().splitlines() if line.startswith("{")]
+    assert logged, err.decode()
+    refusal = [line for line in logged if line.get("code") == "budget_exhausted"]
+    assert [(r["identity"], r["level"], r["run"]) for r in refusal] == [("ops-bot", "info", None)]
+    access = [line for line in logged if line["logger"] == "haltwire.access"]
+    assert {(a["method"], a["path"], a["status"]) for a in access} >= {("POST", "/mcp", 200), ("GET", "/readyz", 200)}
+    assert all(isinstance(a["duration_ms"], float) for a in access)
+
+
+def test_an_exporter_that_is_not_installed_is_one_sentence_and_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.toml"
+    data = config_dict("http://127.0.0.1:9", tracing={"enabled": True, "exporter": "otlp"})
+    path.write_text(tomli_w.dumps(data))
+    done = run_haltwire("gateway", "--config", str(path))
+    assert done.returncode == 2, done.stderr
+    assert "opentelemetry-exporter-otlp-proto-http" in done.stderr and "Traceback" not in done.stderr

@@ -11,6 +11,7 @@ import httpx2
 import redis.asyncio as aioredis
 
 from haltwire import __version__
+from haltwire.config import ConfigError
 from haltwire.credentials import JwksKeys
 from haltwire.gateway.app import GatewayApp
 from haltwire.gateway.ceilings import Ceilings, Clock
@@ -224,8 +225,10 @@ def create_app(
 
     tracer = None
     if config.tracing.enabled:
-        from haltwire.gateway.tracing import CallTracer, provider_of  # the otel extra, only when on
-
+        try:
+            from haltwire.gateway.tracing import CallTracer, provider_of  # the otel extra, only when on
+        except ImportError as exc:
+            raise ConfigError(f"[tracing] enabled needs the otel extra (pip install 'haltwire[otel]'): {exc}") from None
         tracer = gateway.tracer = CallTracer(provider_of(config.tracing))
 
     async def startup(stack: AsyncExitStack) -> None:

@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from opentelemetry.trace import Span, SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from haltwire.config import ConfigError
 from haltwire.gateway.config import TracingSection
 from haltwire.refusal import Refusal
 
@@ -28,8 +29,8 @@ METHOD: Final = "tools/call"
 _PROPAGATOR: Final = TraceContextTextMapPropagator()
 
 
-class TracingUnavailable(Exception):
-    """The exporter asked for is not installed (one sentence; a start-up error)."""
+class TracingUnavailable(ConfigError):
+    """The exporter asked for is unknown or not installed (one sentence; a usage error, exit 2)."""
 
 
 def exporter_of(name: str) -> SpanExporter | None:
