@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from haltwire.gateway.tracing import CallTracer
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
+from leases_harness import client
 
 pytestmark = pytest.mark.anyio
 
@@ -38,12 +39,13 @@ def only(spans: tuple[ReadableSpan, ...]) -> ReadableSpan:
     return spans[0]
 
 
-async def test_a_call_carrying_a_traceparent_is_a_child_of_that_trace() -> None:
+@pytest.mark.parametrize("path", ["fast", "sdk"])
+async def test_a_call_carrying_a_traceparent_is_a_child_of_that_trace(path: str) -> None:
     tracer, exporter = in_memory()
     async with running_upstream() as (_, up), running_gateway(traced(config_dict(up))) as (app, url):
         assert app.gateway.tracer is not None, "[tracing] enabled builds a tracer"
         app.gateway.tracer = tracer
-        async with connect(url, TOKENS["ops-bot"]) as c:
+        async with client(url, path=path) as c:
             meta = {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}
             result = await c.call_tool("lookup_order", {"order_id": "A-1"}, meta=meta)  # type: ignore[arg-type]
             assert not result.is_error

@@ -260,6 +260,10 @@ class GatewayApp:
             return refusal.payload_too_large(self.max_body_bytes)
         return resolved
 
+    async def _refused(self, send: Send, r: Refusal) -> None:
+        self.gateway.metrics.refused(r)  # an edge refusal: counted, as the pipeline's are
+        await _respond_refusal(send, r)
+
     async def _edge(self, scope: Scope, receive: Receive, send: Send) -> None:
         who = await self._who(scope, send, _respond_refusal)
         if who is None:
@@ -278,7 +282,7 @@ class GatewayApp:
             try:
                 body = await read_body(receive, self.max_body_bytes)
             except BodyTooLarge:
-                await _respond_refusal(send, refusal.payload_too_large(self.max_body_bytes))
+                await self._refused(send, refusal.payload_too_large(self.max_body_bytes))
                 return
             # Every body is read by the one strict parser, whichever path serves it: the SDK's
             # parser takes NaN and 1e400, the fast path's (Python's) unpaired surrogates too,
@@ -292,7 +296,7 @@ class GatewayApp:
                 pass  # not JSON at all: the SDK answers it with its own parse error
             receive = replayed(body, receive)
         if revoked is not None and not is_tool_call(message):
-            await _respond_refusal(send, revoked)
+            await self._refused(send, revoked)
             return
         if (
             isinstance(message, dict)
@@ -305,7 +309,7 @@ class GatewayApp:
             # The SDK reads the body before it answers; past the limit, its own 413 is plain text.
             await self._manager.handle_request(scope, counted(receive, self.max_body_bytes), send)
         except BodyTooLarge:
-            await _respond_refusal(send, refusal.payload_too_large(self.max_body_bytes))
+            await self._refused(send, refusal.payload_too_large(self.max_body_bytes))
 
     async def _tools_call(
         self,
