@@ -120,12 +120,18 @@ async def test_the_control_planes_metrics_move_with_a_stop_an_intent_and_a_lease
         await issue(admin, "agent:a1")  # cancels a1's pending intent
         async with httpx2.AsyncClient(base_url=admin, timeout=10) as http:
             r = await http.post(f"/v1/runs/{run}/lease", headers=auth("agent"))
+            fired: dict[str, object] = {"firing_id": "f-1", "rule": "r", "kind": "steps"}
+            fired |= {"scope": "tenant:acme", "reason": "would stop", "fired_at": 1.0}
+            for _ in range(2):  # the same firing twice: recorded, and counted, once
+                answer = await http.post("/v1/tripwire-firings", json=fired, headers=auth("tripwire"))
+                assert answer.status_code == 200, answer.text
         async with httpx2.AsyncClient(base_url=agents, timeout=10) as http:
             stopped = await http.post(f"/v1/runs/{run}/lease", headers=auth("agent"))
             assert stopped.json()["error"]["code"] == "stopped", stopped.text
             refused_on_agents = await http.get("/metrics", headers=auth("viewer"))
         samples = await scrape(f"{admin}/metrics", auth("viewer"))
         async with httpx2.AsyncClient(base_url=admin, timeout=10) as http:
+            head = (await http.get("/v1/audit/head", headers=auth("operator"))).json()
             as_agent = await http.get("/metrics", headers=auth("agent"))
             anonymous = await http.get("/metrics")
     assert r.status_code == 403  # an agent's token on the admin listener
@@ -138,7 +144,8 @@ async def test_the_control_planes_metrics_move_with_a_stop_an_intent_and_a_lease
     assert value(samples, "haltwire_control_intents", state="pending") == 1
     assert value(samples, "haltwire_control_leases_total", result="granted") == 1  # the registration's
     assert value(samples, "haltwire_control_leases_total", result="refused") == 1
-    assert value(samples, "haltwire_control_audit_records_total") >= 4
+    assert value(samples, "haltwire_control_audit_records_total") == head["seq"] >= 4
+    assert value(samples, "haltwire_control_tripwire_firings_total") == 1
 
 
 async def test_failing_closed_is_logged_once_when_it_starts_and_once_when_it_ends(tmp_path: Path) -> None:
