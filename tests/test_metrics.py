@@ -4,9 +4,11 @@ happens (a budget refusal, a stop, an intent), label sets stay bounded, and refu
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import anyio
@@ -17,6 +19,7 @@ from mcp.shared.exceptions import MCPError
 
 from cli_process import run_haltwire
 from control_harness import auth
+from control_process import ControlCommand, alive
 from egress_harness import basic, connect_via, egress_config, http_target, running_egress
 from executor_harness import control_plane as control_plane_for_executor
 from executor_harness import executor, settled, shop
@@ -274,3 +277,40 @@ def test_an_exporter_that_is_not_installed_is_one_sentence_and_exit_2(tmp_path: 
     done = run_haltwire("gateway", "--config", str(path))
     assert done.returncode == 2, done.stderr
     assert "opentelemetry-exporter-otlp-proto-http" in done.stderr and "Traceback" not in done.stderr
+
+
+async def test_the_admin_listener_counts_the_leases_the_agents_process_grants(tmp_path: Path) -> None:
+    command = ControlCommand(tmp_path, sqlite(tmp_path))
+    data = tomllib.loads(command.config.read_text())
+    data["leases"] = runs_config(sqlite(tmp_path))["leases"]
+    command.config.write_text(tomli_w.dumps(data))
+    metrics = f"{command.url('admin')}/metrics"
+    try:
+        await command.start()
+        async with httpx2.AsyncClient(base_url=command.url("agents"), timeout=10) as http:
+            await register(http)
+            first = await scrape(metrics, auth("viewer"))
+            os.kill(command.children()[0], signal.SIGKILL)  # the main process starts another
+
+            async def replaced() -> bool:
+                if len(command.children()) < 2:
+                    return False
+                try:
+                    return (await http.get("/healthz")).status_code == 200
+                except httpx2.TransportError:
+                    return False
+
+            await until(replaced, within=20)
+            await register(http)
+        second = await scrape(metrics, auth("viewer"))
+    finally:
+        await command.stop()
+        for pid in command.children():  # the lifeline ends them; a failed test must not leak one
+            with anyio.move_on_after(5):
+                while alive(pid):
+                    await anyio.sleep(0.05)
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    granted = "haltwire_control_leases_total"
+    assert value(first, granted, result="granted") == 1
+    assert value(second, granted, result="granted") == 2, "a new child counts on from the last"

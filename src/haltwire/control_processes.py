@@ -32,6 +32,7 @@ import anyio.abc
 from haltwire.access_log import logged
 from haltwire.control import AdminOnly, AgentsListener, ControlConfig, EnforcementOnly, create_app
 from haltwire.control.broker import BrokerKeys
+from haltwire.control.lease_counts import SharedCounts
 from haltwire.control.plane import Plane
 from haltwire.control.stores import open_stores
 from haltwire.listener import InFlightCap
@@ -39,8 +40,8 @@ from haltwire.serve import serve_forever, serve_listeners
 
 log = logging.getLogger("haltwire.control")
 
-#: The hidden option that makes ``haltwire control`` the agents' process: ``FD,FD`` (the
-#: listening socket and the child's end of the socket pair, inherited).
+#: The hidden option that makes ``haltwire control`` the agents' process: ``FD,FD,FD`` (the
+#: listening socket, the child's end of the socket pair, the shared lease counts; inherited).
 AGENTS_PROCESS_OPTION: Final = "--agents-process"
 #: Streams exempt from the in-flight caps (each is in flight for as long as it is open).
 STREAMS: Final = frozenset({"/v1/watch"})
@@ -90,6 +91,8 @@ class AgentsProcess:
         self.plane = plane
         #: ``haltwire control``'s logging options, for the child (``haltwire.logs.argv``).
         self.log_options = list(log_options)
+        #: The children's lease counts, for the admin listener's ``/metrics``.
+        self.counts = SharedCounts.create()
         self.proc: anyio.abc.Process | None = None
         self._peer: socket.socket | None = None
         self._stopping = False
@@ -107,7 +110,7 @@ class AgentsProcess:
             ours.setblocking(False)
             try:
                 with theirs:
-                    fds = (self.sock.fileno(), theirs.fileno())
+                    fds = (self.sock.fileno(), theirs.fileno(), self.counts.fd)
                     self.proc = await anyio.open_process(
                         [
                             sys.executable,
@@ -184,6 +187,7 @@ async def serve_main(
         child = AgentsProcess(
             config_path, agents, app.state.plane, config.registry.backend == "sqlite", log_options
         )
+        app.state.metrics.collector.peer = child.counts
         access = "--access-log" in log_options
         async with anyio.create_task_group() as tg:
             tg.start_soon(child.run)
@@ -210,7 +214,7 @@ async def serve_main(
 async def serve_agents(config: ControlConfig, fds: str, access_log: bool = False) -> None:
     """The agents' process: the agents' listener on the inherited socket, until SIGINT/SIGTERM,
     or until the main process is gone."""
-    listening, pair = (int(fd) for fd in fds.split(","))
+    listening, pair, counts_fd = (int(fd) for fd in fds.split(","))
     sock = socket.socket(fileno=listening)
     peer = socket.socket(fileno=pair)
     peer.setblocking(False)
@@ -221,6 +225,11 @@ async def serve_agents(config: ControlConfig, fds: str, access_log: bool = False
         plane: Plane = app.state.plane
         if config.registry.backend == "sqlite":
             plane.peers.append(lambda: tell(peer))
+        desk = plane.leases
+        if desk is not None:  # its counts go on from what a child before this one left
+            counts = SharedCounts(counts_fd)
+            desk.granted, desk.refused = counts.read()
+            desk.counted = lambda: counts.write(desk.granted, desk.refused)
         async with anyio.create_task_group() as tg:
             tg.start_soon(_lifeline, peer, plane)
             agents = logged(AgentsListener(app), access_log)

@@ -67,9 +67,11 @@ class LeaseDesk:
         self.clock = clock
         self.mirror = StopMirror()
         self._noted = AuditOnce()
-        #: Grants made and refused by ``grant`` in this process (``haltwire.control.metrics``).
+        #: Grants made and refused by ``grant`` in this process (``haltwire.control.metrics``);
+        #: ``counted`` is told after each (the agents' process shares them: ``lease_counts``).
         self.granted = 0
         self.refused = 0
+        self.counted: Callable[[], None] | None = None
 
     @classmethod
     def from_config(cls, config: ControlConfig) -> LeaseDesk | None:
@@ -105,8 +107,12 @@ class LeaseDesk:
         refusal = self.check(run, now)
         if refusal is not None:
             self.refused += 1
+            if self.counted is not None:
+                self.counted()
             return refusal
         self.granted += 1
+        if self.counted is not None:
+            self.counted()
         timing = self.agent_class(run.agent_class)
         claims = LeaseClaims(
             run=run.run_id,

@@ -3,9 +3,9 @@
 What the registry, the intents and the audit log hold is read from the stores at scrape time
 (``refresh``), so every replica and both of ``haltwire control``'s processes count the same
 history: stops issued and cleared by scope kind, active stops by scope kind, intents by state,
-audit records written. What happens in this process only is counted as it happens: lease grants
-and refusals (by the lease desk of the process that answers the renewal: with the agents'
-listener in its own process, those are that process's) and tripwire firings recorded.
+audit records written. What happens in a process is counted as it happens: lease grants and
+refusals by a stop (this process's lease desk's, plus the agents' process's, shared through
+``lease_counts``) and tripwire firings recorded.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from prometheus_client import Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from haltwire.control.lease_counts import SharedCounts
 from haltwire.control.plane import Plane
 from haltwire.intents import STATES
 from haltwire.metrics import registry
@@ -40,6 +41,8 @@ class StoredCollector(Collector):
     def __init__(self, snapshot: Snapshot, plane: Plane) -> None:
         self.snapshot = snapshot
         self.plane = plane
+        #: The agents' process's lease counts, when it is one of ours.
+        self.peer: SharedCounts | None = None
 
     def describe(self) -> list[Metric]:
         return list(self.collect())
@@ -64,11 +67,13 @@ class StoredCollector(Collector):
         yield intents
         yield CounterMetricFamily(f"{P}_audit_records", "Audit records written", value=s.audit_records)
         desk = self.plane.leases
-        leases = CounterMetricFamily(
-            f"{P}_leases", "Lease grants and refusals by this process's lease desk", labels=["result"]
-        )
-        leases.add_metric(["granted"], 0 if desk is None else desk.granted)
-        leases.add_metric(["refused"], 0 if desk is None else desk.refused)
+        granted, refused = (0, 0) if desk is None else (desk.granted, desk.refused)
+        if self.peer is not None:  # the agents' process's desk (``lease_counts``)
+            theirs = self.peer.read()
+            granted, refused = granted + theirs[0], refused + theirs[1]
+        leases = CounterMetricFamily(f"{P}_leases", "Lease grants and refusals by a stop", labels=["result"])
+        leases.add_metric(["granted"], granted)
+        leases.add_metric(["refused"], refused)
         yield leases
 
 
@@ -79,7 +84,8 @@ class ControlMetrics:
         self.plane = plane
         self.registry = of = registry()
         self.snapshot = Snapshot()
-        of.register(StoredCollector(self.snapshot, plane))
+        self.collector = StoredCollector(self.snapshot, plane)
+        of.register(self.collector)
         self.tripwire_firings = Counter(
             f"{P}_tripwire_firings_total", "Shadow tripwire firings recorded", registry=of
         ).inc
