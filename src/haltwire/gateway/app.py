@@ -14,12 +14,13 @@ the edge:
    request but a ``tools/call``, which the pipeline refuses as a tool result; so does one while
    the watch is stale (503).
 
-Then a modern (2026-07-28) ``tools/call`` takes the fast path here: parse, validate the
-envelope with the SDK's own ladder (``classify_inbound_request``), run the ``Gateway``
-pipeline and write the JSON-RPC answer. Anything else (discovery, ``tools/list``,
-handshake-era clients, a request the fast path does not recognise) is replayed, body
-and all, into the official SDK's streamable-HTTP handler, so protocol corner cases
-have one implementation. The fast path exists because the SDK's server machinery costs
+Then a ``tools/call`` takes the fast path here: a modern (2026-07-28) one once the SDK's own
+ladder (``classify_inbound_request``) and ``Mcp-Param-*`` check accept its envelope, a
+handshake-era one (``haltwire.gateway.legacy``) once its headers are what the SDK's handler
+takes; the ``Gateway`` pipeline runs and the JSON-RPC answer is written as the SDK would write
+it for the client's version. Anything else (``initialize``, discovery, ``tools/list``, a request
+the fast path does not recognise) is replayed, body and all, into the official SDK's
+streamable-HTTP handler, so protocol corner cases have one implementation. The fast path exists because the SDK's server machinery costs
 more per call than every check haltwire makes (``benchmarks/gateway.py`` measures both).
 
 With ``[[models]]``, ``POST /v1/chat/completions`` and ``POST /v1/responses`` pass the same
@@ -58,6 +59,7 @@ from starlette.types import Receive, Scope, Send
 
 from haltwire import jsonwire, refusal
 from haltwire.errors import unwrapped
+from haltwire.gateway import legacy
 from haltwire.gateway.credentials import CREDENTIAL_STATE_KEY
 from haltwire.gateway.hosts import HostCheck
 from haltwire.gateway.identities import Identities
@@ -88,10 +90,10 @@ from haltwire.upstreams.http import Progress
 log = logging.getLogger("haltwire.gateway")
 
 _JSON_HEADERS: Final = [(b"content-type", b"application/json")]
-_MODERN: Final = frozenset(v.encode() for v in MODERN_PROTOCOL_VERSIONS)
-#: The headers the fast path reads: the envelope ladder's three, ``Accept`` and the lease.
+#: The headers the fast path reads: the envelope ladder's three, ``Accept``, ``Content-Type``
+#: (a handshake-era call's) and the lease.
 _PICKED: Final = frozenset(
-    {b"mcp-protocol-version", b"mcp-method", b"mcp-name", b"accept", LEASE_HEADER.encode()}
+    {b"mcp-protocol-version", b"mcp-method", b"mcp-name", b"accept", b"content-type", LEASE_HEADER.encode()}
 )
 #: A body that is not JSON at all: the SDK's handler answers it.
 _UNPARSED: Final = object()
@@ -293,11 +295,8 @@ class GatewayApp:
         if revoked is not None and not is_tool_call(message):
             await _respond_refusal(send, revoked)
             return
-        if (
-            isinstance(message, dict)
-            and _header(scope, b"mcp-method") == b"tools/call"
-            and _header(scope, b"mcp-protocol-version") in _MODERN
-            and await self._tools_call(identity, message, scope, receive, send, credential)
+        if is_tool_call(message) and await self._tools_call(
+            identity, message, scope, receive, send, credential
         ):
             return
         try:
@@ -315,7 +314,8 @@ class GatewayApp:
         send: Send,
         credential: LeaseClaims | None = None,
     ) -> bool:
-        """Serve a modern ``tools/call`` (the body, parsed); False hands the request to the SDK instead."""
+        """Serve a ``tools/call`` (the body, parsed), modern or handshake-era (``gateway.legacy``);
+        False hands the request to the SDK instead."""
         if msg.get("jsonrpc") != "2.0" or msg.get("method") != "tools/call":
             return False
         request_id = msg.get("id")
@@ -331,22 +331,33 @@ class GatewayApp:
             return False
         picked = _picked(scope)
         accept = picked.get("accept", "")
-        if "application/json" not in accept and "*/*" not in accept:
-            return False
-        if isinstance(classify_inbound_request(msg, headers=picked), InboundLadderRejection):
-            return False
-        # Only a tool whose schema declares Mcp-Param-* headers has headers to check.
-        schema = self.gateway.upstreams.param_header_schema(name)
-        if schema is not None:
-            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-            if validate_mcp_param_headers(schema, arguments or {}, headers) is not None:
+        legacy_version = None
+        if picked.get("mcp-protocol-version") in MODERN_PROTOCOL_VERSIONS:
+            if picked.get("mcp-method") != "tools/call":
+                return False
+            if "application/json" not in accept and "*/*" not in accept:
+                return False
+            if isinstance(classify_inbound_request(msg, headers=picked), InboundLadderRejection):
+                return False
+            # Only a tool whose schema declares Mcp-Param-* headers has headers to check.
+            schema = self.gateway.upstreams.param_header_schema(name)
+            if schema is not None:
+                headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+                if validate_mcp_param_headers(schema, arguments or {}, headers) is not None:
+                    return False
+        else:
+            legacy_version = legacy.served_version(picked, params)
+            if legacy_version is None:
                 return False
 
         meta = params.get("_meta")
         meta = meta if isinstance(meta, dict) else None
         token = meta.get("progressToken") if meta else None
         wants_progress = (
-            isinstance(token, str | int) and not isinstance(token, bool) and "text/event-stream" in accept
+            legacy_version is None
+            and isinstance(token, str | int)
+            and not isinstance(token, bool)
+            and "text/event-stream" in accept
         )
         # The header is looked for only by a gateway that verifies leases.
         lease_header = picked.get(LEASE_HEADER) if self.gateway.leases is not None else None
@@ -362,6 +373,7 @@ class GatewayApp:
             send,
             lease_header,
             credential,
+            legacy_version,
         )
         return True
 
@@ -378,6 +390,7 @@ class GatewayApp:
         send: Send,
         lease_header: str | None = None,
         credential: LeaseClaims | None = None,
+        legacy_version: str | None = None,
     ) -> None:
         async def call(progress: Progress | None) -> Outcome:
             try:
@@ -394,6 +407,9 @@ class GatewayApp:
             result, committed_sse = await until_disconnect(call(None), receive), False
         if result is None:
             return  # the client went away; nothing to answer
+        if legacy_version is not None:
+            await _respond(send, 200, legacy.answer(request_id, result, legacy_version), legacy.HEADERS)
+            return
         await self._answer(identity, request_id, result, committed_sse, send)
 
     async def _answer(
