@@ -1,4 +1,5 @@
-"""The TypeScript SDK 1.x client (handshake-era protocol) through the gateway, on the fast path.
+"""The TypeScript SDK 1.x client and the MCP Inspector CLI (handshake-era protocol) through the
+gateway, on the fast path.
 
 Most MCP clients in the field (the TypeScript SDK 1.x, the MCP Inspector) open with
 ``initialize`` and send every call with the version they negotiated: the gateway serves those
@@ -24,6 +25,8 @@ pytestmark = pytest.mark.anyio
 
 PACKAGE: Final = "@modelcontextprotocol/sdk"
 VERSION: Final = "1.32.2"
+INSPECTOR: Final = "@modelcontextprotocol/inspector"
+INSPECTOR_VERSION: Final = "2.12.0"
 SCRIPT: Final = Path(__file__).with_name("ts_client.mjs")
 SDK_TRANSPORT_LOG = "Stateless mode: Creating new transport"
 
@@ -89,3 +92,62 @@ async def test_the_typescript_sdk_is_served_and_refused_on_the_fast_path(
     assert "resultType" not in third  # a 2026 field, not sent to a 2025 client
     assert unknown["code"] == -32602 and "no_such_tool" in unknown["message"]
     assert (demo.served["lookup_order"], demo.served["sleep"]) == (1, 1)
+
+
+def inspector() -> Path:
+    """The Inspector's ``mcp-inspector`` command, installed if need be."""
+    node_and_npm()
+    directory = install_dir("inspector")
+    with locked(directory):
+        if installed_version(directory, INSPECTOR) != INSPECTOR_VERSION:
+            npm_install(directory, [f"{INSPECTOR}@{INSPECTOR_VERSION}"])
+    return directory / "node_modules" / ".bin" / "mcp-inspector"
+
+
+async def test_the_inspector_cli_is_served_and_refused_on_the_fast_path(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="mcp.server.streamable_http_manager")
+    command = str(inspector())
+
+    def transports() -> int:
+        return sum(SDK_TRANSPORT_LOG in r.getMessage() for r in caplog.records)
+
+    async with (
+        running_upstream() as (demo, up),
+        running_gateway(config_dict(up, limits={"budget": 1})) as (_, url),
+    ):
+        bearer = TOKENS["ops-bot"]
+
+        async def cli(*method: str) -> tuple[int, str]:
+            done = await anyio.run_process(
+                [
+                    command,
+                    "--cli",
+                    url,
+                    "--transport",
+                    "http",
+                    *method,
+                    "--header",
+                    f"Authorization: Bearer {bearer}",
+                ],
+                check=False,
+                stderr=subprocess.PIPE,
+            )
+            return done.returncode, done.stdout.decode()
+
+        listed = await cli("--method", "tools/list")
+        handshake = transports()  # initialize, its notification, the SSE GET, tools/list
+        call = ["--method", "tools/call", "--tool-name", "sleep", "--tool-arg", "seconds=0"]
+        served = await cli(*call)
+        after_served = transports()
+        refused = await cli(*call)
+    assert listed[0] == 0 and '"lookup_order"' in listed[1]
+    # The CLI lists before it calls: the same SDK requests as a listing, the call on the fast path.
+    assert after_served - handshake == handshake and transports() - after_served == handshake
+    assert served[0] == 0 and json.loads(served[1])["content"][0]["text"] == "sleep: done"
+    # The CLI exits non-zero on an error result, after printing it whole.
+    assert refused[0] != 0
+    error = json.loads(refused[1][: refused[1].rindex("}") + 1])["structuredContent"]["error"]
+    assert (error["code"], error["retryable"]) == ("budget_exhausted", False)
+    assert demo.served["sleep"] == 1
