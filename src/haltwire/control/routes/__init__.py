@@ -29,7 +29,17 @@ from haltwire.control.config import ControlConfig
 from haltwire.control.errors import Refused, unavailable
 from haltwire.control.notify import receivers
 from haltwire.control.plane import Plane
-from haltwire.control.routes import calls, credentials, firings, intents, openapi, reports, runs, stops
+from haltwire.control.routes import (
+    calls,
+    credentials,
+    dashboard,
+    firings,
+    intents,
+    openapi,
+    reports,
+    runs,
+    stops,
+)
 from haltwire.control.routes.paging import Sender
 from haltwire.control.routes.wire import answer
 from haltwire.control.stores import Stores, open_stores
@@ -120,7 +130,8 @@ def create_app(
             yield
 
     app = ControlApp(
-        routes=[*routes, *_heads, *openapi.pages],
+        # The dashboard is not in the document: pages for people, served on the admin listener only.
+        routes=[*routes, *_heads, *openapi.pages, dashboard.mount()],
         lifespan=lifespan,
         exception_handlers={Refused: _refused, RegistryUnavailable: _unavailable, HTTPException: _http_error},
         # The document is served by a route of its own (it is in the document), the pages too.
@@ -131,4 +142,5 @@ def create_app(
         telemetry={"tracing": False, "metrics": False, "logs": False, "auto_configure": False},
     )
     app.state.plane = plane
+    app.state.dashboard_sessions = dashboard.Sessions(config.dashboard.session_s)
     return app
