@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +65,18 @@ class Plane:
     enforcement: str
     agents: str
     app: ControlApp
+    #: The admin listener's server, closed by ``close_admin`` and opened again by ``open_admin``.
+    admin_server: AsyncExitStack
+
+    async def close_admin(self) -> None:
+        """Close the admin listener and its open streams; the app, its stores and sessions stay."""
+        await self.admin_server.aclose()
+
+    async def open_admin(self) -> None:
+        """Serve the admin listener again, on its port."""
+        self.admin_server = AsyncExitStack()
+        port = int(self.admin.rsplit(":", 1)[1])
+        await self.admin_server.enter_async_context(_admin(self.app, port))
 
     @property
     def dashboard(self) -> str:
@@ -76,16 +88,26 @@ class Plane:
         return found
 
 
+def _admin(app: ControlApp, port: int = 0) -> AbstractAsyncContextManager[str]:
+    return serving(AdminOnly(app), port=port, lifespan="off", graceful_s=1)
+
+
 @asynccontextmanager
 async def control_plane(tmp_path: Path, session_s: float = 3600) -> AsyncIterator[Plane]:
-    """The three listeners of one app, as ``haltwire control`` serves them (one process here)."""
+    """The three listeners of one app, as ``haltwire control`` serves them (one process here;
+    the agents' listener runs the app's lifespan, so the admin listener can be dropped)."""
     app = create_app(parse_control_config(config_dict(tmp_path / "control.db", session_s)))
     async with (
-        serving(AdminOnly(app), graceful_s=1) as admin,
+        serving(AgentsListener(app), graceful_s=1) as agents,
         serving(EnforcementOnly(app), lifespan="off", graceful_s=1) as enforcement,
-        serving(AgentsListener(app), lifespan="off", graceful_s=1) as agents,
     ):
-        yield Plane(admin, enforcement, agents, app)
+        stack = AsyncExitStack()
+        admin = await stack.enter_async_context(_admin(app))
+        plane = Plane(admin, enforcement, agents, app, stack)
+        try:
+            yield plane
+        finally:
+            await plane.admin_server.aclose()
 
 
 async def register(plane: Plane, who: str, run_id: str, tools: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -19,12 +19,13 @@ from starlette.responses import HTMLResponse, Response
 #: never cached (a stale page shows stops that are gone).
 HEADERS: Final = {
     "Content-Security-Policy": (
-        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
         "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
     ),
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # Not no-referrer: under it, a form's POST says ``Origin: null``, which the CSRF check refuses.
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 #: The static files served, and their types.
