@@ -296,3 +296,28 @@ async def test_a_run_s_page_reports_its_stops_and_cancelled_intents_and_the_audi
     async with control_plane(tmp_path) as plane, signed_in(plane, "operator") as (http, _):
         audit = await http.get("/dashboard/audit")
         assert "<strong>Tampered or broken:</strong>" in audit.text and "first bad record: 2" in audit.text
+
+
+async def test_the_api_answers_the_same_blast_radius(tmp_path: Path) -> None:
+    async with control_plane(tmp_path) as plane:
+        await register(plane, "ops-bot", "run-1", ("lookup_order",))
+        await register(plane, "billing-bot", "run-2")
+        async with httpx2.AsyncClient(base_url=plane.admin) as api:
+            r = await api.get("/v1/blast-radius", params={"scope": "tenant:acme"}, headers=bearer("viewer"))
+            assert r.status_code == 200, r.text
+            assert r.json() == {
+                "scope": "tenant:acme",
+                "runs": 2,
+                "tenants": ["acme"],
+                "agents": ["billing-bot", "ops-bot"],
+                "versions": ["billing-bot@2.0", "ops-bot@1.0"],
+                "run_ids": ["run-2", "run-1"],
+                "at_least": False,
+                "note": "",
+            }
+            r = await api.get("/v1/blast-radius", params={"scope": "agent:"}, headers=bearer("operator"))
+            assert r.status_code == 422 and "empty or padded value" in r.json()["error"]["message"]
+            r = await api.get("/v1/blast-radius", headers=bearer("operator"))
+            assert r.status_code == 422
+            r = await api.get("/v1/blast-radius", params={"scope": "global"}, headers=bearer("tripwire"))
+            assert r.status_code == 403

@@ -30,6 +30,7 @@ from haltwire.control.errors import Refused, unavailable
 from haltwire.control.notify import receivers
 from haltwire.control.plane import Plane
 from haltwire.control.routes import (
+    blast,
     calls,
     credentials,
     dashboard,
@@ -54,6 +55,7 @@ routes: list[BaseRoute] = [
     *reports.routes,
     *calls.routes,
     *firings.routes,
+    *blast.routes,
 ]
 
 
