@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import tomllib
 from pathlib import Path
 
 import anyio
 import httpx2
 import pytest
+import tomli_w
 
+from control_process import ControlCommand
 from dashboard_harness import (
     TOKENS,
     Stream,
@@ -321,3 +324,38 @@ async def test_the_api_answers_the_same_blast_radius(tmp_path: Path) -> None:
             assert r.status_code == 422
             r = await api.get("/v1/blast-radius", params={"scope": "global"}, headers=bearer("tripwire"))
             assert r.status_code == 403
+
+
+@pytest.mark.slow
+async def test_haltwire_control_serves_it_on_the_admin_port_and_its_streams_take_no_in_flight_slot(
+    tmp_path: Path,
+) -> None:
+    """The real command (two processes): the admin listener's cap on requests in flight (2 here)
+    does not count open live streams, so three open tabs leave the stop button served."""
+    command = ControlCommand(tmp_path, {"backend": "sqlite", "path": str(tmp_path / "c.db")})
+    data = tomllib.loads(command.config.read_text())
+    data["control"]["admin_listener"] = {"max_in_flight": 2}
+    command.config.write_text(tomli_w.dumps(data))
+    try:
+        await command.start()
+        for listener in ("agents", "enforcement"):
+            async with httpx2.AsyncClient(base_url=command.url(listener)) as http:
+                assert (await http.get("/dashboard/")).status_code == 404
+        async with httpx2.AsyncClient(base_url=command.url("admin"), timeout=10) as http:
+            r = await http.post("/dashboard/sign-in", data={"token": "tok-operator"})
+            assert r.status_code == 303, r.text
+            async with (
+                http.stream("GET", "/dashboard/events") as one,
+                http.stream("GET", "/dashboard/events") as two,
+                http.stream("GET", "/dashboard/events") as three,
+            ):
+                for response in (one, two, three):
+                    assert response.status_code == 200
+                    with anyio.fail_after(5):
+                        assert (await Stream(response).next_event())[0] == "stops"
+                page = await http.get("/dashboard/")
+                assert page.status_code == 200 and "review-stop" in page.text
+                r = await http.get("/dashboard/stop", params={"kind": "global", "reason": "drill"})
+                assert r.status_code == 200 and 'id="blast-runs">0<' in r.text
+    finally:
+        await command.stop()
