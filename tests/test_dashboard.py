@@ -359,3 +359,21 @@ async def test_haltwire_control_serves_it_on_the_admin_port_and_its_streams_take
                 assert r.status_code == 200 and 'id="blast-runs">0<' in r.text
     finally:
         await command.stop()
+
+
+async def test_the_example_config_s_operator_and_viewer_sign_in_as_docs_dashboard_md_says(tmp_path: Path) -> None:
+    from haltwire.control import AdminOnly, create_app, load_control_config
+    from haltwire.serve import serving
+
+    example = Path(__file__).parent.parent / "examples" / "control.toml"
+    config = load_control_config(example)
+    assert config.control.admin_port == 8701  # the address docs/dashboard.md gives
+    assert "http://127.0.0.1:8701/dashboard/" in (example.parent.parent / "docs" / "dashboard.md").read_text()
+    registry = config.registry.model_copy(update={"path": tmp_path / "control.db"})
+    app = create_app(config.model_copy(update={"registry": registry}))
+    async with serving(AdminOnly(app), graceful_s=1) as url, httpx2.AsyncClient(base_url=url) as http:
+        for token, name, stop_button in (("tok-oncall", "oncall", True), ("tok-viewer", "night-watch", False)):
+            http.cookies.clear()
+            assert (await http.post("/dashboard/sign-in", data={"token": token})).status_code == 303
+            page = (await http.get("/dashboard/")).text
+            assert f'id="who">{name}' in page and ("review-stop" in page) is stop_button
