@@ -377,3 +377,19 @@ async def test_the_example_config_s_operator_and_viewer_sign_in_as_docs_dashboar
             assert (await http.post("/dashboard/sign-in", data={"token": token})).status_code == 303
             page = (await http.get("/dashboard/")).text
             assert f'id="who">{name}' in page and ("review-stop" in page) is stop_button
+
+
+async def test_panels_read_once_for_every_tab_carry_each_session_s_own_csrf_token(tmp_path: Path) -> None:
+    async with control_plane(tmp_path) as plane:
+        async with httpx2.AsyncClient(base_url=plane.admin) as api:
+            r = await api.post("/v1/stops", json={"scope": "tenant:beta", "reason": "drill"}, headers=bearer("operator"))
+            assert r.status_code == 201
+        async with signed_in(plane, "operator") as (one, csrf_one), signed_in(plane, "operator") as (two, csrf_two):
+            assert csrf_one != csrf_two
+            for http, mine, theirs in ((one, csrf_one, csrf_two), (two, csrf_two, csrf_one)):
+                page = (await http.get("/dashboard/")).text
+                panel = page[page.index('id="panel-stops"') : page.index('id="panel-runs"')]
+                assert f'name="csrf" value="{mine}"' in panel and theirs not in page
+            # The other session's token is refused on this session's write.
+            r = await one.post(f"/dashboard/stops/{r.json()['stop_id']}/clear", data={"csrf": csrf_two, "reason": "x"})
+            assert r.status_code == 403 and len(await active_stops(plane)) == 1

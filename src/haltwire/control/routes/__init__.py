@@ -145,4 +145,5 @@ def create_app(
     )
     app.state.plane = plane
     app.state.dashboard_sessions = dashboard.Sessions(config.dashboard.session_s)
+    app.state.dashboard_board = dashboard.Board()
     return app

@@ -14,9 +14,10 @@ from typing import Final
 from starlette.routing import BaseRoute, Mount, Route
 
 from haltwire.control.routes.dashboard import actions, live, pages
+from haltwire.control.routes.dashboard.panels import Board
 from haltwire.control.routes.dashboard.sessions import PATH, Sessions
 
-__all__ = ["PATH", "Sessions", "mount"]
+__all__ = ["PATH", "Board", "Sessions", "mount"]
 
 #: The live stream's path: exempt from the admin listener's cap on requests in flight.
 EVENTS: Final = f"{PATH}/events"

@@ -29,11 +29,14 @@ from haltwire.store.registry import RegistryUnavailable
 
 #: The longest wait between two looks.
 EVERY_S: Final = 2.0
+#: After a change, how long to wait for the rest of its burst before looking.
+SETTLE_S: Final = 0.2
 
 
 @guarded
 async def events(request: Request) -> Response:
     plane = plane_of(request)
+    board: panels.Board = request.app.state.dashboard_board
     try:
         signed_in(request, plane)  # refused before streaming
     except NotSignedIn as exc:
@@ -42,6 +45,7 @@ async def events(request: Request) -> Response:
 
     async def stream() -> AsyncIterator[ServerSentEvent]:
         sent: dict[str, str] = {}
+        since = time.monotonic()
         while True:
             changed = plane.changed  # taken before the read: a write after it wakes us
             try:
@@ -50,7 +54,7 @@ async def events(request: Request) -> Response:
                 yield ServerSentEvent("your session has ended", event="signed-out")
                 return
             try:
-                html = panels.render(await panels.read(plane, caller), caller, session)
+                html = await board.look(plane, caller, session, since)
             except RegistryUnavailable as exc:
                 yield ServerSentEvent(unavailable(exc).message, event="problem")
             else:
@@ -61,6 +65,9 @@ async def events(request: Request) -> Response:
                 yield ServerSentEvent(clock(time.time()), event="tick")
             with anyio.move_on_after(EVERY_S):
                 await changed.wait()
+                # A burst of changes (a stop, the intents it cancels, a clear) is one look.
+                await anyio.sleep(SETTLE_S)
+            since = time.monotonic()
 
     return EventSourceResponse(stream(), ping=5, headers={"Cache-Control": "no-store"})
 

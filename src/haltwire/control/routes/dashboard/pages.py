@@ -5,6 +5,7 @@ route calls (``stops``, ``blast``, ``reports``, ``recent``, ``audit``)."""
 from __future__ import annotations
 
 import secrets
+import time
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -36,7 +37,8 @@ async def overview(request: Request) -> Response:
     """Active stops, live runs, intents awaiting approval, recent refusals and firings."""
     plane = plane_of(request)
     caller, session = signed_in(request, plane)
-    data = await panels.read(plane, caller)
+    board: panels.Board = request.app.state.dashboard_board
+    html = await board.look(plane, caller, session, time.monotonic())
     flash, session.flash = session.flash, []
     kind = request.query_params.get("kind", "agent")
     return page(
@@ -45,7 +47,7 @@ async def overview(request: Request) -> Response:
         csrf=session.csrf,
         may=may(caller),
         flash=flash,
-        panels=panels.render(data, caller, session),
+        panels=html,
         kinds=KINDS,
         prefill_kind=kind if kind in KINDS else "agent",
         prefill_value=request.query_params.get("value", ""),

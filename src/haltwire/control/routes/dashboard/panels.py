@@ -5,8 +5,12 @@ an HTML fragment (the page includes them; the live stream pushes them again as t
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
 from typing import Final
+
+import anyio
 
 from haltwire.control import blast, recent, stops
 from haltwire.control.access import authorize
@@ -40,13 +44,18 @@ def _stopped_by(run: RunRecord, active: dict[str, StopRecord]) -> StopRecord | N
     return None
 
 
+async def allowed(plane: Plane, caller: Caller) -> None:
+    """``Refused`` unless ``caller``'s role may read every panel (operators and viewers may)."""
+    for action in ("stops.read", "runs.list", "intents.list", "audit.read"):
+        await authorize(plane, caller, action)
+
+
 async def read(plane: Plane, caller: Caller) -> dict[str, object]:
     """What the panels show, read as ``caller`` (every read authorized by role)."""
-    await authorize(plane, caller, "stops.read")
+    await allowed(plane, caller)
     active = await stops.listed(plane, caller, every=False)
     by_scope = {s.scope: s for s in active}
     live, cut = await blast.live_runs(plane)
-    await authorize(plane, caller, "intents.list")
     waiting: list[Intent] = await plane.open.intents.list(states=["awaiting_approval"], limit=ROWS)
     newest = await recent.recent(plane, caller, ROWS)
     return {
@@ -60,7 +69,39 @@ async def read(plane: Plane, caller: Caller) -> dict[str, object]:
     }
 
 
-def render(data: dict[str, object], caller: Caller, session: Session) -> dict[str, str]:
-    """Each panel's HTML."""
+def render(data: dict[str, object], caller: Caller, csrf: str) -> dict[str, str]:
+    """Each panel's HTML, its forms carrying ``csrf``."""
     buttons = may(caller)
-    return {name: fragment(f"_{name}.html", **data, caller=caller, csrf=session.csrf, may=buttons) for name in NAMES}
+    return {name: fragment(f"_{name}.html", **data, caller=caller, csrf=csrf, may=buttons) for name in NAMES}
+
+
+class Board:
+    """The panels, read once for every open tab (``Board`` per app).
+
+    Each open tab looks again after every registry change and every few seconds; read per tab,
+    ten tabs made a stop five times slower (``benchmarks/dashboard.py``). So a look asks for a
+    read started after a moment (``since``, when the tab woke): the first tab to ask reads, the
+    others, waiting on the lock, take its read. The HTML is rendered once per role, with a
+    placeholder where each session's CSRF token goes. Operators and viewers see the same rows
+    (neither is narrowed, ``access.NARROWED``); each tab's role is still authorized."""
+
+    _CSRF: Final = "@@csrf@@"
+
+    def __init__(self) -> None:
+        self._lock = anyio.Lock()
+        self._read_at = -math.inf
+        self._data: dict[str, object] | None = None
+        self._html: dict[str, dict[str, str]] = {}
+
+    async def look(self, plane: Plane, caller: Caller, session: Session, since: float) -> dict[str, str]:
+        """Each panel's HTML for ``session``, from a read started at ``since`` (monotonic) or later."""
+        await allowed(plane, caller)
+        async with self._lock:
+            if self._data is None or self._read_at < since:
+                started = time.monotonic()
+                self._data, self._html = await read(plane, caller), {}
+                self._read_at = started
+            html = self._html.get(caller.role)
+            if html is None:
+                html = self._html[caller.role] = render(self._data, caller, self._CSRF)
+        return {name: text.replace(self._CSRF, session.csrf) for name, text in html.items()}
