@@ -28,6 +28,7 @@ from dashboard_harness import (
     register,
     signed_in,
 )
+from runs_harness import LEASES
 
 pytestmark = pytest.mark.anyio
 
@@ -169,6 +170,13 @@ async def test_the_dashboard_is_served_on_the_admin_listener_only(tmp_path: Path
             r = await http.get("/dashboard/static/dashboard.js")
             assert r.status_code == 200 and "EventSource" in r.text
             assert (await http.get("/dashboard/static/../__init__.py")).status_code == 404
+
+
+def _lease_of(page: httpx2.Response, run_id: str) -> float | None:
+    """When the run's latest lease was granted, as its row in the runs panel says."""
+    found = re.search(rf'<tr data-run="{run_id}">.*?(?:data-lease="([0-9.]+)"|</tr>)', page.text, re.S)
+    assert found, page.text[-2000:]
+    return float(found.group(1)) if found.group(1) else None
 
 
 def _radius(html: str) -> tuple[int, str, str, str]:
@@ -335,6 +343,7 @@ async def test_haltwire_control_serves_it_on_the_admin_port_and_its_streams_take
     command = ControlCommand(tmp_path, {"backend": "sqlite", "path": str(tmp_path / "c.db")})
     data = tomllib.loads(command.config.read_text())
     data["control"]["admin_listener"] = {"max_in_flight": 2}
+    data["leases"] = LEASES
     command.config.write_text(tomli_w.dumps(data))
     try:
         await command.start()
@@ -357,6 +366,15 @@ async def test_haltwire_control_serves_it_on_the_admin_port_and_its_streams_take
                 assert page.status_code == 200 and "review-stop" in page.text
                 r = await http.get("/dashboard/stop", params={"kind": "global", "reason": "drill"})
                 assert r.status_code == 200 and 'id="blast-runs">0<' in r.text
+            # A lease granted by the agents' process is shown by the admin process.
+            async with httpx2.AsyncClient(base_url=command.url("agents")) as agents:
+                r = await agents.post("/v1/runs", json={"run_id": "run-1"}, headers={"Authorization": "Bearer tok-agent"})
+                assert r.status_code == 201, r.text
+            granted = r.json()["lease"]["expires_at"] - r.json()["lease"]["ttl_s"]
+            with anyio.fail_after(10):
+                while (lease := _lease_of(await http.get("/dashboard/"), "run-1")) is None:
+                    await anyio.sleep(0.2)
+            assert abs(lease - granted) < 0.01
     finally:
         await command.stop()
 
@@ -393,3 +411,21 @@ async def test_panels_read_once_for_every_tab_carry_each_session_s_own_csrf_toke
             # The other session's token is refused on this session's write.
             r = await one.post(f"/dashboard/stops/{r.json()['stop_id']}/clear", data={"csrf": csrf_two, "reason": "x"})
             assert r.status_code == 403 and len(await active_stops(plane)) == 1
+
+
+async def test_a_run_s_row_shows_when_its_lease_was_last_granted(tmp_path: Path) -> None:
+    async with control_plane(tmp_path) as plane, signed_in(plane, "viewer") as (http, _):
+        first = (await register(plane, "ops-bot", "run-1"))["lease"]
+        with anyio.fail_after(5):
+            while (lease := _lease_of(await http.get("/dashboard/"), "run-1")) is None:
+                await anyio.sleep(0.1)
+        assert abs(lease - (first["expires_at"] - first["ttl_s"])) < 0.01
+        await anyio.sleep(0.05)
+        async with httpx2.AsyncClient(base_url=plane.agents) as agents:
+            r = await agents.post("/v1/runs/run-1/lease", headers=bearer("ops-bot"))
+            assert r.status_code == 200, r.text
+        renewed = r.json()["expires_at"] - r.json()["ttl_s"]
+        assert renewed > lease
+        with anyio.fail_after(5):
+            while (lease := _lease_of(await http.get("/dashboard/"), "run-1")) != pytest.approx(renewed, abs=0.01):
+                await anyio.sleep(0.1)

@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute
 
+from haltwire.control import runs as runs_rule
 from haltwire.control import wall_clock
 from haltwire.control.config import ControlConfig
 from haltwire.control.errors import Refused, unavailable
@@ -112,6 +113,7 @@ def create_app(
         async with anyio.create_task_group() as tg:
             tg.start_soon(opened.registry.follow_writes, plane.wake)
             tg.start_soon(plane.follow_audit_head)
+            tg.start_soon(runs_rule.record_grants, plane)  # each process its own grants
             if rules:
                 tg.start_soon(wall_clock.sweep, plane)
             if sender is not None:

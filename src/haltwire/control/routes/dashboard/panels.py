@@ -34,6 +34,9 @@ class LiveRun:
     run: RunRecord
     #: The active stop that covers the run, if one does (the broadest, as the gateways name it).
     stopped_by: StopRecord | None
+    #: Its latest lease grant's (granted_at, expires_at), as the run store has it (written about
+    #: once a second by the process that granted it), or None.
+    lease: tuple[float, float] | None = None
 
 
 def _stopped_by(run: RunRecord, active: dict[str, StopRecord]) -> StopRecord | None:
@@ -56,11 +59,13 @@ async def read(plane: Plane, caller: Caller) -> dict[str, object]:
     active = await stops.listed(plane, caller, every=False)
     by_scope = {s.scope: s for s in active}
     live, cut = await blast.live_runs(plane)
+    shown = live[:ROWS]
+    leases = await plane.open.runs.grants([r.run_id for r in shown])
     waiting: list[Intent] = await plane.open.intents.list(states=["awaiting_approval"], limit=ROWS)
     newest = await recent.recent(plane, caller, ROWS)
     return {
         "stops": active,
-        "runs": [LiveRun(r, _stopped_by(r, by_scope)) for r in live[:ROWS]],
+        "runs": [LiveRun(r, _stopped_by(r, by_scope), leases.get(r.run_id)) for r in shown],
         "runs_live": len(live),
         "runs_cut": cut,
         "intents": waiting,
