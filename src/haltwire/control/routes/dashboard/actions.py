@@ -18,6 +18,7 @@ from haltwire.control.access import authorize
 from haltwire.control.errors import Refused, invalid
 from haltwire.control.routes.dashboard.render import page
 from haltwire.control.routes.dashboard.sessions import (
+    COOKIE,
     PEOPLE,
     check_csrf,
     clear_cookie,
@@ -65,7 +66,7 @@ async def sign_out(request: Request) -> Response:
     plane = plane_of(request)
     caller, session = signed_in(request, plane)
     check_csrf(request, session, await read_form(request))
-    sessions_of(request).close(request.cookies.get("haltwire_session"))
+    sessions_of(request).close(request.cookies.get(COOKIE))
     await plane.audit(caller, "dashboard.sign_out", caller.name, "ok", "signed out of the dashboard")
     response = page("sign_in.html", problem=None)
     clear_cookie(response, request)
