@@ -80,7 +80,8 @@ class Up:
                 except OSError:
                     continue
                 parents[int(entry.name)] = int(fields[1])
-        found, frontier = set(), {self.proc.pid}
+        found: set[int] = set()
+        frontier = {self.proc.pid}
         while frontier:
             frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - found
             found |= frontier
