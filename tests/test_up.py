@@ -220,3 +220,11 @@ def test_a_part_that_does_not_start_is_named_and_the_rest_stopped(tmp_path: Path
         assert Ports.from_base(base).taken() is None  # the upstream it had started is gone
     finally:
         up.kill()
+
+
+def test_dev_up_runs_haltwire_up_and_the_ports_move_as_the_readme_says() -> None:
+    root = Path(__file__).parent.parent
+    result = subprocess.run([str(root / "dev"), "up", "--help"], cwd=root, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "--port-base" in result.stdout, result
+    assert Ports.from_base(8700) == Ports(8700, 8701, 8702, 8800, 8900)  # the defaults
+    assert Ports.from_base(9700) == Ports(9700, 9701, 9702, 9800, 9900)
