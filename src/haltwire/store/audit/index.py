@@ -55,11 +55,13 @@ def subjects(target: str, detail: Mapping[str, Any]) -> set[str]:
 
 def about_query(count: int) -> str:
     """The records whose target or an indexed subject is one of ``count`` names, in seq order
-    (tables unbound; the names are bound twice: for the target, then for the index)."""
+    (tables unbound; the names are bound twice: for the target, then for the index). A UNION,
+    not an OR: PostgreSQL scans the whole log for ``target IN (...) OR seq IN (...)``."""
     marks = ", ".join("?" for _ in range(count))
+    select = f"SELECT {', '.join(COLUMNS)} FROM {{audit}}"
     return (
-        f"SELECT {', '.join(COLUMNS)} FROM {{audit}} WHERE target IN (" + marks + ") OR seq IN "
-        "(SELECT seq FROM {audit_subjects} WHERE subject IN (" + marks + ")) ORDER BY seq"
+        f"{select} WHERE target IN ({marks}) UNION {select} WHERE seq IN "
+        f"(SELECT seq FROM {{audit_subjects}} WHERE subject IN ({marks})) ORDER BY seq"
     )
 
 
