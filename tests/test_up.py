@@ -228,3 +228,23 @@ def test_dev_up_runs_haltwire_up_and_the_ports_move_as_the_readme_says() -> None
     assert result.returncode == 0 and "--port-base" in result.stdout, result
     assert Ports.from_base(8700) == Ports(8700, 8701, 8702, 8800, 8900)  # the defaults
     assert Ports.from_base(9700) == Ports(9700, 9701, 9702, 9800, 9900)
+
+
+def test_bad_input_is_one_sentence_and_exit_2(tmp_path: Path) -> None:
+    secrets = tmp_path / ".haltwire" / "secrets"
+    secrets.mkdir(parents=True)
+    (secrets / "operator.token").write_text("short\n")  # not a secret up made
+    result = run_haltwire("up", "--port-base", str(free_base()), cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result
+    assert "operator.token holds no usable secret" in result.stderr and result.stdout == ""
+    assert not (secrets / "agent.token").exists()  # nothing started, nothing made past the bad one
+
+    for args, said in (
+        (("call", "http://127.0.0.1:1/mcp", "lookup_order", "[1]", "--token", "t"), "must be a JSON object"),
+        (("call", "127.0.0.1:1/mcp", "lookup_order", "--token", "t"), "is not a URL"),
+        (("up", "--port-base", "65500"), "outside 1-65535"),
+    ):
+        result = run_haltwire(*args, cwd=tmp_path)
+        assert result.returncode == 2 and said in result.stderr and result.stderr.count("\n") == 1, result
+    result = run_haltwire("call", "http://127.0.0.1:1/mcp", "lookup_order", "--token", "t", cwd=tmp_path)
+    assert result.returncode == 3 and "cannot reach http://127.0.0.1:1/mcp" in result.stderr, result
