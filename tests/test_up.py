@@ -40,9 +40,10 @@ START_S = 120.0
 
 
 def free_base() -> int:
-    """A ``--port-base`` whose five ports are free now."""
+    """A ``--port-base`` whose five ports are free now, below the ephemeral range (32768 up), where
+    other tests' servers and connections take theirs."""
     for _ in range(200):
-        base = random.randrange(20000, 40000)
+        base = random.randrange(10000, 32000)
         if Ports.from_base(base).taken() is None:
             return base
     raise AssertionError("no free port base")
