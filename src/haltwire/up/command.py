@@ -2,8 +2,9 @@
 
 In order: the state folder and its secrets (``state``); every port checked free (a taken one is
 one sentence and exit 2, before anything starts); the demo upstream and the control plane
-started, each waited for until it answers; then the gateway (until ``/readyz``) and the executor
-(until it says it commits intents). Then the URLs, the secrets if this run made them (else the
+started, each waited for until it answers (the control plane's operators' and enforcement
+listeners); then the gateway and the executor started, and waited for after the control plane's
+agents' listener: the gateway until ``/readyz``, the executor until it says it commits intents. Then the URLs, the secrets if this run made them (else the
 files that hold them), a stop and a client call as commands that work as printed, and it waits.
 A part that does not start, or exits later, is named in one sentence, the others stopped, exit 1.
 """
@@ -93,11 +94,13 @@ def _start(processes: Processes, ports: Ports, secrets: Secrets, control_toml: P
     upstream = spawn("demo upstream", "-m", "haltwire", "demo", "upstream", "--port", str(ports.upstream))
     control = spawn("control plane", "-m", "haltwire", "control", "--config", str(control_toml), env=env)
     _ready(upstream, f"{url(ports.upstream)}/state")
-    # Its operators' listener answers once its store is open; the others are served with it.
-    for port, listener in ((ports.admin, "operators"), (ports.enforcement, "enforcement"), (ports.control, "agents")):
+    # The gateway and the executor need the enforcement listener only; the agents' listener is
+    # served by a child process of the control plane's, waited for while they start.
+    for port, listener in ((ports.admin, "operators"), (ports.enforcement, "enforcement")):
         _ready(control, f"{url(port)}/healthz", f"{listener}' listener")
     gateway = spawn("gateway", "-m", "haltwire", "gateway", "--config", str(gateway_toml), env=env)
     executor = spawn("executor", "-m", "haltwire", "executor", "--config", str(gateway_toml), env=env)
+    _ready(control, f"{url(ports.control)}/healthz", "agents' listener")
     _ready(gateway, f"{url(ports.gateway)}/readyz")
     _ready(executor, "committing intents")
 
