@@ -167,6 +167,12 @@ async def test_up_serves_every_part_and_goes_down_on_sigterm(tmp_path: Path) -> 
 
         called = bash(printed(out, "call"), tmp_path)
         assert called.returncode == 0 and "A-1" in called.stdout, called
+        for args, said in (
+            (("lookup_order", "--token", "not-a-token"), "refused the session"),
+            (("no_such_tool", "--token", token), "answered the call with an error"),
+        ):
+            result = run_haltwire("call", mcp_url, *args, cwd=tmp_path)
+            assert result.returncode == 1 and said in result.stderr and "Traceback" not in result.stderr, result
         stopped = bash(printed(out, "stop"), tmp_path)
         assert stopped.returncode == 0 and stopped.stdout.startswith("stp_"), stopped
         deadline = time.monotonic() + 10

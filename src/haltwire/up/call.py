@@ -2,7 +2,8 @@
 official MCP client (``haltwire.demo.stack.connect``), its result printed.
 
 Exit 0 with the result's text (and its ``structuredContent`` as JSON); 1 when the tool answered
-an error, a refusal printed as ``refused: CODE (retryable|terminal): MESSAGE``; 2 for arguments
+an error, a refusal printed as ``refused: CODE (retryable|terminal): MESSAGE``, or the gateway
+answered a JSON-RPC error (an unknown tool, a token it does not know); 2 for arguments
 that are not a JSON object or a URL without ``http://``; 3 when the gateway cannot be reached.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import anyio
 import httpx2
+from mcp.shared.exceptions import MCPError
 
 from haltwire.demo.client import connect
 from haltwire.errors import describe, unwrapped
@@ -44,9 +46,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _call(url: str, tool: str, arguments: dict[str, Any], token: str, wait_s: float) -> int:
-    with anyio.fail_after(wait_s):
-        async with connect(url, token) as client:
-            result = await client.call_tool(tool, arguments)
+    connected = False
+    try:
+        with anyio.fail_after(wait_s), unwrapped():
+            async with connect(url, token) as client:
+                connected = True
+                result = await client.call_tool(tool, arguments)
+    except MCPError as exc:  # a JSON-RPC error, not a tool's result: no such tool, or no session
+        what = "answered the call with an error" if connected else "refused the session (is the token an agent's?)"
+        print(f"haltwire call: {url} {what}: {exc.message}", file=sys.stderr)
+        return EXIT_ERROR
     structured = result.structured_content
     error = (structured or {}).get("error") if result.is_error else None
     if isinstance(error, dict):
