@@ -1,12 +1,13 @@
 """``haltwire up``: start the stack, say how to use it, and take it down on Ctrl-C or SIGTERM.
 
 In order: the state folder and its secrets (``state``); every port checked free (a taken one is
-one sentence and exit 2, before anything starts); the demo upstream and the control plane
-started, each waited for until it answers (the control plane's operators' and enforcement
-listeners); then the gateway and the executor started, and waited for after the control plane's
-agents' listener: the gateway until ``/readyz``, the executor until it says it commits intents. Then the URLs, the secrets if this run made them (else the
-files that hold them), a stop and a client call as commands that work as printed, and it waits.
-A part that does not start, or exits later, is named in one sentence, the others stopped, exit 1.
+one sentence and exit 2, before anything starts); the secrets this run made printed (once: later
+runs name their folder only); the demo upstream and the control plane started, each waited for
+until it answers (the control plane's operators' and enforcement listeners); then the gateway
+and the executor started, and waited for after the control plane's agents' listener: the
+gateway until ``/readyz``, the executor until it says it commits intents. Then the URLs, a stop
+and a client call as commands that work as printed, and it waits. A part that does not start,
+or exits later, is named in one sentence, the others stopped, exit 1.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     processes = Processes(directory / "logs")
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
+        _print_made(secrets)
         _start(processes, ports, secrets, control_toml, gateway_toml)
         _print_ready(directory, ports, secrets)
         while True:
@@ -118,6 +120,17 @@ def _ready(service: Service, what: str, part: str = "") -> None:
     print(f"haltwire up: the {name} is ready ({took:.1f} s)", file=sys.stderr, flush=True)
 
 
+def _print_made(secrets: Secrets) -> None:
+    """The secrets this run made, before anything starts: shown once, whatever happens next."""
+    if not secrets.made:
+        print(f"Secrets: the first run's, in {secrets.folder}/ (not shown again)", flush=True)
+        return
+    lines = ["Secrets made now, shown this once (each in its own file, mode 0600):"]
+    lines += [f"  {SECRETS[name]}: {secrets.values[name]}" for name in secrets.made]
+    lines.append(f"  in {secrets.folder}/")
+    print("\n".join(lines), flush=True)
+
+
 def _print_ready(directory: Path, ports: Ports, secrets: Secrets) -> None:
     hw = haltwire_command()
     admin, token = url(ports.admin), f'"$(cat {shlex.quote(str(secrets.path("operator.token")))})"'
@@ -132,13 +145,8 @@ def _print_ready(directory: Path, ports: Ports, secrets: Secrets) -> None:
         f"  demo upstream            {url(ports.upstream)}/mcp",
         "",
     ]
-    if secrets.made:
-        lines.append("Secrets made now, shown this once (each in its own file, mode 0600):")
-        lines += [f"  {SECRETS[name]}: {secrets.values[name]}" for name in secrets.made]
-        lines.append(f"  in {secrets.folder}/")
-    else:
-        names = ", ".join(SECRETS)
-        lines.append(f"Secrets: made on the first run, not shown again; in {secrets.folder}/ ({names}; mode 0600)")
+    shown = "made now and shown above, once" if secrets.made else "made on the first run, not shown again"
+    lines.append(f"Secrets: {shown}; in {secrets.folder}/ ({', '.join(SECRETS)}; mode 0600)")
     lines += [
         "",
         f"Call a tool through the gateway as {AGENT['agent']} (a real MCP client):",
