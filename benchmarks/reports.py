@@ -113,19 +113,23 @@ async def main(args: argparse.Namespace) -> int:
         cfg = parse_control_config(config(registry))
         async with open_stores(cfg) as stores:
             app = create_app(cfg, stores, rules=False, pages=False)
-            async with serving(app) as url, httpx2.AsyncClient(base_url=url, timeout=30) as client:
-                await one_run(client)
-                plane: Plane = app.state.plane
-                alone, rows_alone = await timed(plane)
-                scan_alone, scanned_alone = await scan(stores)
-                began = time.perf_counter()
-                await crowd(stores, args.records)
-                print(f"wrote {args.records:,} other records in {time.perf_counter() - began:.1f} s", file=sys.stderr)
-                crowded, rows_crowded = await timed(plane)
-                scan_crowded, scanned_crowded = await scan(stores)
-            if args.postgres:
-                async with stores.db.write() as tx:
-                    await tx.execute("DROP SCHEMA {schema} CASCADE")
+            try:
+                async with serving(app) as url, httpx2.AsyncClient(base_url=url, timeout=30) as client:
+                    await one_run(client)
+                    plane: Plane = app.state.plane
+                    alone, rows_alone = await timed(plane)
+                    scan_alone, scanned_alone = await scan(stores)
+                    began = time.perf_counter()
+                    await crowd(stores, args.records)
+                    took = time.perf_counter() - began
+                    print(f"wrote {args.records:,} other records in {took:.1f} s", file=sys.stderr)
+                    crowded, rows_crowded = await timed(plane)
+                    scan_crowded, scanned_crowded = await scan(stores)
+            finally:
+                if args.postgres:  # its schema goes however the run ends
+                    with anyio.CancelScope(shield=True):
+                        async with stores.db.write() as tx:
+                            await tx.execute("DROP SCHEMA {schema} CASCADE")
     print(f"run report, {registry['backend']}: p50 of {REPS}, rows read by one report")
     print("| registry | report p50 ms | rows read | a full scan (before the index): ms | rows |")
     print("| --- | ---: | ---: | ---: | ---: |")
