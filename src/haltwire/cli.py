@@ -404,8 +404,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=_tripwires_test)
 
     from haltwire.control.operator import add_parsers
+    from haltwire.up import add_parsers as add_up_parsers
 
     add_parsers(sub)
+    add_up_parsers(sub)
 
     dr = sub.add_parser("drill", help="stop canary agents at every rung; measure the time to the last side effect")
     dr.add_argument("--embedded", action="store_true", help="drill a stack of its own (the embedded default)")
