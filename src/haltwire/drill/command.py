@@ -3,17 +3,19 @@
 In this order:
 
 1. the arguments are checked (exit 2 and a sentence for bad usage: this slice drills only the
-   stack it starts itself, ``--embedded``);
-2. the stack starts (``drill.stack``);
-3. each rung runs its ``--reps`` reps (``drill.rungs``), a progress bar on stderr; the stop
-   rungs take the scope kinds round-robin (run, tenant, agent, version, global, tool), so three
-   reps of ``sdk`` and ``gateway`` cover every kind; a rep that cannot be measured ends its rung
-   (broken) and the drill goes on with the next;
-4. the canary upstream's whole record is counted, the control plane asked what the drill left
+   stack it starts itself, ``--embedded``); a rung whose part cannot run here is skipped, with
+   a sentence saying why (``drill.parts``);
+2. the stack starts (``drill.stack``), with the parts the rungs need;
+3. each rung runs its ``--reps`` reps (``drill.rungs``, ``drill.ladder``), a progress bar on
+   stderr; the stop rungs take the scope kinds round-robin (run, tenant, agent, version,
+   global, tool, model), each rep the next kind its rung accepts, so two reps of every rung
+   cover every kind; a rep that cannot be measured ends its rung (broken) and the drill goes on
+   with the next;
+4. the canary records are counted (the upstream's, the targets'), the control plane asked what the drill left
    behind (its stops still active, its runs not ended: both 0), the stack taken down with its
    temporary directory;
-5. the figures are printed (a table, or ``--json``), then a sentence for each broken rung and
-   each missed target.
+5. the figures are printed (a table, or ``--json``), then a sentence for each skipped or broken
+   rung, each missed target and each intent performed on a decision after its stop.
 
 Exit status: 0 when every rung met the class's ``time_to_stop_s``, 1 when a target was missed or
 a rung is broken, 2 for bad usage, 130 when interrupted (Ctrl-C or SIGTERM: the stack is taken
@@ -38,8 +40,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from haltwire.demo.processes import StackFailed
 from haltwire.drill import parts
 from haltwire.drill.figures import Rep, RungSummary, summarize, table, to_json
-from haltwire.drill.ladder import KINDS, Ladder
-from haltwire.drill.rungs import RUNGS, SCOPE_KINDS, Drill, RungBroken, operator_client
+from haltwire.drill.ladder import KINDS, KindCycle, Ladder
+from haltwire.drill.rungs import RUNGS, Drill, RungBroken, operator_client
 from haltwire.drill.stack import AGENT_CLASS, CLASS_TIMING, running_stack
 from haltwire.errors import unwrapped
 from haltwire.runtime import ControlRefused, ControlUnreachable, StopRequested
@@ -142,7 +144,7 @@ async def _drill(
     stops, its runs not ended)."""
     out: list[Rep] = []
     broken: dict[str, str] = {}
-    kinds = iter(SCOPE_KINDS[k % len(SCOPE_KINDS)] for k in range(10**9))
+    kinds = KindCycle()
     with running_stack(broken=break_, parts=parts.needed(rungs)) as stack:
         async with (
             operator_client(stack) as operator,
@@ -166,9 +168,9 @@ async def _drill(
                                 if rung == "fail_closed":
                                     measured = await drill.fail_closed_rep(n)
                                 elif rung in KINDS:
-                                    measured = [await ladder.rep(rung, n)]
+                                    measured = [await ladder.rep(rung, n, kinds.take(rung))]
                                 else:
-                                    measured = [await drill.stop_rep(rung, n, next(kinds))]
+                                    measured = [await drill.stop_rep(rung, n, kinds.take(rung))]
                         except RungBroken as exc:
                             broken[rung] = str(exc)
                             break

@@ -4,8 +4,9 @@
 A rep, in this order (the stop rungs' steps, ``drill.rungs``, with the rung's canary from
 ``drill.canaries`` and its own record):
 
-1. the canary runtime starts and the rep waits for its first side effect;
-2. a random pause, then the stop on the rep's scope (``KINDS``, round-robin per rung), with a
+1. the canary runtime starts and the rep waits for its first side effect (``executor``: for
+   the first intent performed);
+2. a random pause, then the stop on the rep's scope (of a kind in ``KINDS``), with a
    reason starting ``drill:``; its acknowledgement is when ``POST /v1/stops`` answered, and its
    revision is kept;
 3. the rep waits for the runtime's first refusal (else the rung is broken, named), then
@@ -29,8 +30,9 @@ import httpx2
 
 from haltwire.drill.agents import CanaryRun, control_client
 from haltwire.drill.canaries import LADDER, Runtime
+from haltwire.drill.canary import TOOL_COMMIT
 from haltwire.drill.figures import Rep
-from haltwire.drill.rungs import PAUSE_S, REASON, SETTLE_S, START_S, Drill, RungBroken, scope_of
+from haltwire.drill.rungs import PAUSE_S, REASON, SCOPE_KINDS, SETTLE_S, START_S, Drill, RungBroken, scope_of
 from haltwire.drill.stack import Stack
 from haltwire.drill.targets import MODEL
 from haltwire.runtime import ControlClient
@@ -45,6 +47,24 @@ KINDS: Final[dict[str, tuple[str, ...]]] = {
     "executor": (*_RUN_SCOPES, "tool"),
 }
 TERMINAL: Final = frozenset({"committed", "failed", "cancelled", "rejected"})
+
+
+class KindCycle:
+    """The scope kinds round-robin across every stop rung's reps, each rep taking the next kind
+    its rung accepts, so a short drill covers every kind (``model`` too) over all its rungs."""
+
+    ORDER: Final = (*SCOPE_KINDS, "model")
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def take(self, rung: str) -> str:
+        accepted = KINDS.get(rung, SCOPE_KINDS)
+        while True:
+            kind = self.ORDER[self._next % len(self.ORDER)]
+            self._next += 1
+            if kind in accepted:
+                return kind
 
 
 async def _within(
@@ -71,17 +91,18 @@ class Ladder:
         r.raise_for_status()
         return len(r.json()["effects"])
 
-    async def rep(self, rung: str, n: int) -> Rep:
-        """One rep of ``rung``: steps 1 to 5 of the module's docstring."""
+    async def rep(self, rung: str, n: int, kind: str) -> Rep:
+        """One rep of ``rung`` on a stop of ``kind``: steps 1 to 5 of the module's docstring."""
         drill = self.drill
-        kind = KINDS[rung][n % len(KINDS[rung])]
         run = CanaryRun("ignoring")
         async with control_client(drill.stack.control_url) as control, anyio.create_task_group() as tg:
             runtime = anyio.CancelScope()
             tg.start_soon(_within, runtime, LADDER[rung], run, control, drill.stack)
             await drill._started(rung, run)
+            if rung == "executor":  # a call served is an intent recorded: wait for one performed
+                await self._performed(run.run_id)
             await anyio.sleep(drill.rng.uniform(*PAUSE_S))
-            scope = f"model:{MODEL}" if kind == "model" else scope_of(kind, run.run_id)
+            scope = _scope(rung, kind, run.run_id)
             run.armed = True
             r = await drill.operator.post(
                 "/v1/stops", json={"scope": scope, "reason": f"{REASON} {rung} rep {n}"}
@@ -113,6 +134,16 @@ class Ladder:
         rep.broken = broken
         return rep
 
+    async def _performed(self, run_id: str) -> None:
+        with anyio.move_on_after(START_S):
+            while True:  # the canary upstream's record, polled: no event crosses the process
+                if await self.drill.record(run_id):
+                    return
+                await anyio.sleep(0.02)
+        raise RungBroken(
+            f"the executor rung is broken: no intent of run {run_id} was performed within {START_S:g} s"
+        )
+
     async def _settled(self, run_id: str) -> list[dict[str, Any]]:
         """The run's intents once every one is settled; broken when one is not within ``START_S``."""
         with anyio.move_on_after(START_S):
@@ -126,6 +157,15 @@ class Ladder:
         raise RungBroken(
             f"the executor rung is broken: intents of run {run_id} were not settled within {START_S:g} s"
         )
+
+
+def _scope(rung: str, kind: str, run_id: str) -> str:
+    """The stop's scope: a ``tool:`` stop names the rung's tool, a ``model:`` stop the canary's model."""
+    if kind == "model":
+        return f"model:{MODEL}"
+    if kind == "tool" and rung == "executor":
+        return f"tool:{TOOL_COMMIT}"
+    return scope_of(kind, run_id)
 
 
 def _by_state(intents: list[dict[str, Any]]) -> dict[str, int]:

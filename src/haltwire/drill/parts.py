@@ -69,6 +69,7 @@ def egress_config(
     token: str,
     lease_key: dict[str, str],
     staleness_s: float,
+    connect_s: float,
     target_port: int,
     agent: str,
 ) -> dict[str, Any]:
@@ -83,6 +84,11 @@ def egress_config(
             "profiles": {EGRESS_PROFILE: [f"127.0.0.1:{target_port}"]},
             "agents": {agent: EGRESS_PROFILE},
         },
-        "control": {"url": enforcement_url, "token": token, "staleness_s": staleness_s},
+        "control": {
+            "url": enforcement_url,
+            "token": token,
+            "staleness_s": staleness_s,
+            "connect_timeout_s": connect_s,
+        },
         "leases": {"keys": [lease_key]},
     }

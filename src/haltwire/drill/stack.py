@@ -41,6 +41,8 @@ AGENT_CLASS: Final = "canary"
 CLASS_TIMING: Final = {"ttl_s": 3.0, "renew_every_s": 1.0, "renew_timeout_s": 2.5, "time_to_stop_s": 4.0}
 #: How long the gateway serves without hearing from the control plane.
 STALENESS_S: Final = 2.0
+#: How long a process that follows the control plane waits for it at start (it starts beside it).
+CONNECT_S: Final = 60.0
 AGENT: Final = "canary"
 TENANT: Final = "drill"
 VERSION: Final = "1.0"
@@ -95,7 +97,12 @@ def gateway_config(
         data["models"] = parts.models_section(targets_url)
     if not broken:
         identity["lease"] = "required"
-        data["control"] = {"url": enforcement_url, "token": TOKENS["gateway"], "staleness_s": STALENESS_S}
+        data["control"] = {
+            "url": enforcement_url,
+            "token": TOKENS["gateway"],
+            "staleness_s": STALENESS_S,
+            "connect_timeout_s": CONNECT_S,
+        }
         data["leases"] = {"keys": [LEASE_KEY]}
         data["executor"] = parts.executor_section(TOKENS["executor"])
     return data
@@ -154,19 +161,21 @@ class Stack:
         canary = self.processes.spawn(
             "canary upstream", "-m", "haltwire.drill.canary", "--port", str(self._port(self.canary_url))
         )
+        waits = self._start_targets()
+        # Those that follow the control plane wait for it themselves (``connect_timeout_s``):
+        # started while it starts, not after. The gateway and the executor need the canary.
         canary.wait_http(f"{self.canary_url}/record")
-        for url in (self.control_url, self.admin_url, self.enforcement_url):
-            self.control.wait_http(f"{url}/healthz")
         # The gateway's key for the canary provider (the provider does not check it).
         os.environ.setdefault(parts.MODEL_KEY_ENV, "drill-model-key")
         gw = self.processes.spawn("gateway", "-m", "haltwire", "gateway", "--config", str(gw_toml))
-        waits = self._start_parts(gw_toml)
+        waits += self._start_parts(gw_toml)
+        for url in (self.control_url, self.admin_url, self.enforcement_url):
+            self.control.wait_http(f"{url}/healthz")
         gw.wait_http(f"{self.gateway_url}/readyz")
         for wait in waits:
             wait()
 
-    def _start_parts(self, gw_toml: Path) -> list[Callable[[], None]]:
-        """Spawn the parts the rungs need, all at once; the waits for each to be ready."""
+    def _start_targets(self) -> list[Callable[[], None]]:
         waits: list[Callable[[], None]] = []
         if "targets" in self.parts:
             targets = self.processes.spawn(
@@ -175,11 +184,16 @@ class Stack:
                 "--token", TOKENS["gateway"], "--staleness", str(STALENESS_S),
             )  # fmt: skip
             waits.append(lambda: targets.wait_http(f"{self.targets_url}/record"))
+        return waits
+
+    def _start_parts(self, gw_toml: Path) -> list[Callable[[], None]]:
+        """Spawn the parts the rungs need that follow the gateway's config; the waits for each."""
+        waits: list[Callable[[], None]] = []
         if "egress" in self.parts:
             eg_toml = self.directory / "egress.toml"
             config = parts.egress_config(
                 self._port(self.egress_url), self.enforcement_url, TOKENS["gateway"], LEASE_KEY,
-                STALENESS_S, self._port(self.targets_url), AGENT,
+                STALENESS_S, CONNECT_S, self._port(self.targets_url), AGENT,
             )  # fmt: skip
             eg_toml.write_text(tomli_w.dumps(config))
             egress = self.processes.spawn("egress", "-m", "haltwire", "egress", "--config", str(eg_toml))

@@ -28,6 +28,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Final
 
 import anyio
+import httpx2
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -43,6 +44,8 @@ AUDIENCE: Final = "drill-downstream"
 #: One streamed token every this long; a stream ends (``[DONE]``) after this many.
 PACE_S: Final = 0.02
 MAX_TOKENS: Final = 2000
+#: How long it waits at start for the control plane, which starts beside it.
+UP_S: Final = 60.0
 
 
 def _event(data: dict[str, Any]) -> bytes:
@@ -122,6 +125,7 @@ class Targets:
             if self.verifier is None:
                 yield
                 return
+            await _jwks_once_up(self.verifier)
             async with self.verifier.running():  # the JWKS fetched, the stops replayed
                 yield
 
@@ -134,6 +138,17 @@ class Targets:
             ],
             lifespan=lifespan,
         )
+
+
+async def _jwks_once_up(verifier: CredentialVerifier) -> None:
+    """Until the control plane, starting beside this process, serves its JWKS (at most ``UP_S``)."""
+    with anyio.fail_after(UP_S):
+        while True:
+            try:
+                await verifier.keys.fetch()
+                return
+            except (httpx2.HTTPError, ValueError):
+                await anyio.sleep(0.1)
 
 
 class _Asgi:
