@@ -1,17 +1,23 @@
 """The drill's own stack on the embedded default: the control plane (SQLite in a temporary
-directory), the canary upstream and a gateway following the control plane, each its own process.
+directory), the canary upstream and a gateway following the control plane, each its own process;
+and the parts some rungs need (``drill.parts``): the canary targets, ``haltwire egress``,
+``haltwire executor``.
 
 In this order, ``running_stack()``:
 
 1. writes the control plane's config: agent class ``canary`` (a short lease, its
-   ``time_to_stop_s``), the drill's operator, the gateway's identity and the canary runtime's
-   (agent ``canary``, tenant ``drill``);
-2. writes the gateway's config: leases required of the canary, the canary upstream, ``[control]``
-   on the enforcement listener. To show a broken rung, ``broken``: ``gateway-without-control``
-   writes neither ``[control]`` nor ``[leases]`` (a gateway that cannot stop anyone), and
-   ``no-gateway`` sends the canaries to the canary upstream directly (``mcp_url``);
+   ``time_to_stop_s``), the broker (a generated key), the drill's operator, the gateway's and
+   the executor's identities and the canary runtime's (agent ``canary``, tenant ``drill``);
+2. writes the gateway's config: leases required of the canary, the canary upstream, the canary
+   provider (``[[models]]``, with the targets), ``[control]`` on the enforcement listener and
+   ``[executor]``. To show a broken rung, ``broken``: ``gateway-without-control`` writes neither
+   ``[control]`` nor ``[leases]`` (a gateway that cannot stop anyone; no intents, no executor),
+   and ``no-gateway`` sends the canaries to the canary upstream and provider directly
+   (``mcp_url``, ``model_url``);
 3. starts the control plane in a process group of its own (its agents' listener is a child
-   process), the canary upstream, then the gateway, and waits for each;
+   process), the canary upstream and targets; once the canary answers, the gateway, the proxy
+   and the executor (each waits for the control plane itself, up to ``CONNECT_S``); then waits
+   for each;
 4. on leaving, resumes the control plane if it is paused and ends every process; the temporary
    directory goes with them: a drill leaves no data behind.
 
