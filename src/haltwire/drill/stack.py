@@ -15,9 +15,9 @@ In this order, ``running_stack()``:
    and ``no-gateway`` sends the canaries to the canary upstream and provider directly
    (``mcp_url``, ``model_url``);
 3. starts the control plane in a process group of its own (its agents' listener is a child
-   process), the canary upstream and targets; once the canary answers, the gateway, the proxy
-   and the executor (each waits for the control plane itself, up to ``CONNECT_S``); then waits
-   for each;
+   process), the canary upstream, the targets and the proxy; once the canary answers, the
+   gateway and the executor (each waits for the control plane itself, up to ``CONNECT_S``);
+   then waits for each;
 4. on leaving, resumes the control plane if it is paused and ends every process; the temporary
    directory goes with them: a drill leaves no data behind.
 
@@ -167,7 +167,7 @@ class Stack:
         canary = self.processes.spawn(
             "canary upstream", "-m", "haltwire.drill.canary", "--port", str(self._port(self.canary_url))
         )
-        waits = self._start_targets()
+        waits = self._start_early()
         # Those that follow the control plane wait for it themselves (``connect_timeout_s``):
         # started while it starts, not after. The gateway and the executor need the canary.
         canary.wait_http(f"{self.canary_url}/record")
@@ -181,7 +181,8 @@ class Stack:
         for wait in waits:
             wait()
 
-    def _start_targets(self) -> list[Callable[[], None]]:
+    def _start_early(self) -> list[Callable[[], None]]:
+        """Spawn the parts that need nothing but the control plane; the waits for each."""
         waits: list[Callable[[], None]] = []
         if "targets" in self.parts:
             targets = self.processes.spawn(
@@ -190,11 +191,6 @@ class Stack:
                 "--token", TOKENS["gateway"], "--staleness", str(STALENESS_S),
             )  # fmt: skip
             waits.append(lambda: targets.wait_http(f"{self.targets_url}/record"))
-        return waits
-
-    def _start_parts(self, gw_toml: Path) -> list[Callable[[], None]]:
-        """Spawn the parts the rungs need that follow the gateway's config; the waits for each."""
-        waits: list[Callable[[], None]] = []
         if "egress" in self.parts:
             eg_toml = self.directory / "egress.toml"
             config = parts.egress_config(
@@ -204,6 +200,11 @@ class Stack:
             eg_toml.write_text(tomli_w.dumps(config))
             egress = self.processes.spawn("egress", "-m", "haltwire", "egress", "--config", str(eg_toml))
             waits.append(lambda: egress.wait_log("haltwire egress "))
+        return waits
+
+    def _start_parts(self, gw_toml: Path) -> list[Callable[[], None]]:
+        """Spawn the executor (it needs the canary upstream); the wait for it."""
+        waits: list[Callable[[], None]] = []
         if "executor" in self.parts and self.broken != "gateway-without-control":
             ex = self.processes.spawn("executor", "-m", "haltwire", "executor", "--config", str(gw_toml))
             waits.append(lambda: ex.wait_log("committing intents through"))
