@@ -192,3 +192,16 @@ def test_a_rung_whose_part_cannot_run_here_is_skipped_with_a_sentence(
         "the egress rung is skipped: its egress cannot run here (haltwire_no_such_module is not installed)"
     )
     assert parts.unavailable("model") is None
+
+
+def test_a_rep_failing_in_several_tasks_breaks_its_rung_rather_than_the_command() -> None:
+    # Both canaries of a fail_closed rep failing to register come out of nested task groups.
+    from haltwire.drill.command import one_failure
+    from haltwire.runtime import ControlUnreachable
+
+    first, second = ControlUnreachable("POST /v1/runs: ReadTimeout"), ControlUnreachable("again")
+    with pytest.raises(ControlUnreachable) as caught, one_failure():
+        raise ExceptionGroup("rep", [ExceptionGroup("runtimes", [first, second])])
+    assert caught.value is first
+    with pytest.raises(ExceptionGroup), one_failure():  # a bug is not a broken rung: raised whole
+        raise ExceptionGroup("rep", [first, ValueError("a bug")])

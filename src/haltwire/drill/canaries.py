@@ -41,6 +41,10 @@ from haltwire.runtime import ControlClient, ControlRefused, ControlUnreachable
 
 #: A request or stream read of a canary gives up after this long.
 READ_S: Final = 10.0
+#: The ladder canaries' control client gives up after this long (its renewals after
+#: ``CONTROL_TIMEOUT_S``): a loaded machine's control plane can take over a second to register a
+#: run, and a registration given up on might still have made one.
+PATIENT_S: Final = 10.0
 
 
 @dataclass
@@ -52,7 +56,8 @@ class Held:
 
 @asynccontextmanager
 async def held_lease(run: CanaryRun, control: ControlClient, tools: list[str]) -> AsyncIterator[Held]:
-    """A registered run whose lease is renewed in the background, every refusal ignored."""
+    """A registered run whose lease is renewed in the background, every refusal ignored (each
+    renewal given up after ``CONTROL_TIMEOUT_S``; ``control``'s own timeout is the drill's)."""
     registration = await control.register_run(agent_class=AGENT_CLASS, tools=tools)
     run.run_id = registration.grant.run_id
     held = Held(registration.grant.token)
@@ -246,6 +251,11 @@ async def executor(run: CanaryRun, control: ControlClient, stack: Stack) -> None
             )
             n += 1
             await anyio.sleep(PACE_S)
+
+
+def patient_client(url: str) -> ControlClient:
+    """The ladder canaries' client of the control plane's agents' listener."""
+    return ControlClient(url, TOKENS["runtime"], timeout_s=PATIENT_S)
 
 
 Runtime = Callable[[CanaryRun, ControlClient, Stack], Coroutine[Any, Any, None]]

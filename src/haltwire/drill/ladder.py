@@ -28,8 +28,8 @@ from typing import Any, Final
 import anyio
 import httpx2
 
-from haltwire.drill.agents import CanaryRun, control_client
-from haltwire.drill.canaries import LADDER, Runtime
+from haltwire.drill.agents import CanaryRun
+from haltwire.drill.canaries import LADDER, Runtime, patient_client
 from haltwire.drill.canary import TOOL_COMMIT
 from haltwire.drill.figures import Rep
 from haltwire.drill.rungs import PAUSE_S, REASON, SCOPE_KINDS, SETTLE_S, START_S, Drill, RungBroken, scope_of
@@ -95,7 +95,7 @@ class Ladder:
         """One rep of ``rung`` on a stop of ``kind``: steps 1 to 5 of the module's docstring."""
         drill = self.drill
         run = CanaryRun("ignoring")
-        async with control_client(drill.stack.control_url) as control, anyio.create_task_group() as tg:
+        async with patient_client(drill.stack.control_url) as control, anyio.create_task_group() as tg:
             runtime = anyio.CancelScope()
             tg.start_soon(_within, runtime, LADDER[rung], run, control, drill.stack)
             await drill._started(rung, run)
