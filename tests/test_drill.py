@@ -79,8 +79,9 @@ def test_a_short_drill_measures_every_rung_and_agrees_with_the_canary_records() 
                 assert rep["effects_total"] == rep["intents"]["committed"], rep
                 assert rep["served_seen"] <= sum(rep["intents"].values()) <= rep["served_seen"] + 1, rep
             elif rung["rung"] == "model":
-                # Tokens the provider sent, against those the runtime read: a few lost in the cut.
-                assert rep["served_seen"] <= rep["effects_total"] <= rep["served_seen"] + 5, rep
+                # Tokens the provider sent, against those the runtime read: a few lost in the cut
+                # (sent before the provider saw the gateway hang up; generous on a loaded machine).
+                assert rep["served_seen"] <= rep["effects_total"] <= rep["served_seen"] + 10, rep
             else:
                 # The canary's count and the runtime's: at most one call cut in flight between them.
                 assert rep["served_seen"] <= rep["effects_total"] <= rep["served_seen"] + 1, rep
