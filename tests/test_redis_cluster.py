@@ -10,16 +10,24 @@ acme/ops-bot@1.0 on the second master, acme/billing-bot@2.0 on the first, acme/*
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import anyio
 import pytest
+import redis
+from redis.asyncio.cluster import NodesManager, RedisCluster
+from redis.crc import key_slot
 
+from haltwire.config import ConfigError
+from haltwire.gateway import shared_redis
+from haltwire.gateway.config import parse_config
 from haltwire.identity import Identity, tenant_counted_as
-from haltwire.store.counters import BudgetCounter, Repeat, SlotCounter, Tally, TallyOp
+from haltwire.store.counters import BudgetCounter, CountersUnavailable, Repeat, SlotCounter, Tally, TallyOp
 from haltwire.store.counters.redis import RedisCounters
 from haltwire.store.idempotency import CONFLICT, FRESH, IN_FLIGHT, Recorded
 from haltwire.store.idempotency.redis import RedisIdempotency
-from redis_cluster import RedisClusterProcesses, redis_cluster
+from harness import config_dict
+from redis_cluster import ClusterNode, RedisClusterProcesses, redis_cluster
 from redis_process import unique_prefix
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
@@ -179,3 +187,117 @@ def test_a_cluster_url_list_needs_cluster_mode() -> None:
         RedisCounters(["redis://127.0.0.1:1", "redis://127.0.0.1:2"])
     with pytest.raises(ValueError, match="database"):
         RedisCounters("redis://127.0.0.1:1/3", cluster=True)
+
+
+def node_id(node: ClusterNode) -> str:
+    c = node.client()
+    try:
+        return str(c.execute_command("CLUSTER", "MYID").decode())
+    finally:
+        c.close()
+
+
+async def test_a_slot_moved_under_the_client_is_followed_and_counted_once(
+    stores: list[RedisCounters], cluster: RedisClusterProcesses, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MOVED means the script did not run: the client follows it (no retry of a script that ran)."""
+    store = stores[0]
+    assert (await store.admit([BudgetCounter(f"{OPS.counted_as}:b", 1, 5, 1e12)], [], "", 1000.0)).admitted
+    who = Identity("moved-bot", "acme", "1.0")  # a slot of its own, empty: it can be reassigned
+    slot = key_slot(f"{{{who.counted_as}}}".encode())
+    source = cluster.node_of(f"{{{who.counted_as}}}")
+    target = next(n for n in cluster.nodes if n is not source)
+    target_id = node_id(target)
+    for node in cluster.nodes:
+        c = node.client()
+        try:
+            c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        finally:
+            c.close()
+    moves: list[object] = []
+    move_slot = NodesManager.move_slot
+
+    async def counted(self: NodesManager, e: Any) -> None:
+        moves.append(e)
+        await move_slot(self, e)
+
+    monkeypatch.setattr(NodesManager, "move_slot", counted)
+    try:
+        budget = BudgetCounter(f"{who.counted_as}:b", 1, 5, 1e12)
+        assert (await store.admit([budget], [], "", 1000.0)).admitted  # its map still says source
+        assert len(moves) == 1, "one MOVED reply, followed"
+        c = target.client()
+        try:
+            assert int(c.get(f"{store._prefix}:{{{who.counted_as}}}:b:1")) == 1, "counted once, where it lives now"
+        finally:
+            c.close()
+    finally:
+        source_id = node_id(source)
+        c = cluster.client()
+        try:
+            c.delete(f"{store._prefix}:{{{who.counted_as}}}:b:1")
+        finally:
+            c.close()
+        for node in cluster.nodes:
+            c = node.client()
+            try:
+                c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", source_id)
+            finally:
+                c.close()
+
+
+async def test_clusterdown_fails_closed_within_the_timeout(cluster: RedisClusterProcesses) -> None:
+    """With full coverage required (Redis's default), a master marked failed takes every key down:
+    CLUSTERDOWN. Every admission is refused (CountersUnavailable) within the store's timeout."""
+    store = RedisCounters(cluster.urls, prefix=unique_prefix("hwtest-cluster"), timeout_s=1.0, cluster=True)
+    budget = BudgetCounter(f"{BILLING.counted_as}:b", 1, 5, 1e12)
+    killed = cluster.node_of(f"{{{OPS.counted_as}}}")
+    others = [n for n in cluster.nodes if n is not killed]
+    try:
+        assert (await store.admit([budget], [], "", 1000.0)).admitted
+        for n in others:
+            c = n.client()
+            try:
+                c.config_set("cluster-require-full-coverage", "yes")
+            finally:
+                c.close()
+        await anyio.to_thread.run_sync(killed.kill)
+        with anyio.fail_after(15):
+            while True:  # until the others mark it failed
+                c = others[0].client()
+                try:
+                    c.get(f"{{{BILLING.counted_as}}}")
+                except redis.exceptions.ClusterDownError:  # CLUSTERDOWN The cluster is down
+                    break
+                finally:
+                    c.close()
+                await anyio.sleep(0.1)
+        for _ in range(3):
+            started = anyio.current_time()
+            with pytest.raises(CountersUnavailable):
+                await store.admit([budget], [], "", 1000.0)
+            assert anyio.current_time() - started < 1.5
+    finally:
+        for n in others:
+            c = n.client()
+            try:
+                c.config_set("cluster-require-full-coverage", "no")
+            finally:
+                c.close()
+        if not killed.running:
+            await anyio.to_thread.run_sync(cluster.restart, killed)
+        await store.aclose()
+    restored = RedisCounters(cluster.urls, prefix=unique_prefix("hwtest-cluster"), timeout_s=5.0, cluster=True)
+    try:
+        assert (await restored.admit([budget], [], "", 1000.0)).admitted, "served again"
+    finally:
+        await restored.aclose()
+
+
+def test_the_gateway_config_names_a_cluster() -> None:
+    data = config_dict("http://127.0.0.1:9", counters={"backend": "redis", "url": ["redis://127.0.0.1:7000"]})
+    with pytest.raises(ConfigError, match="cluster"):
+        parse_config(data)
+    data["counters"]["cluster"] = True
+    client = shared_redis(parse_config(data))
+    assert isinstance(client, RedisCluster)
