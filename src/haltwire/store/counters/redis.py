@@ -168,7 +168,8 @@ class RedisCounters:
         tallies: Sequence[TallyOp],
     ) -> Decision:
         """Each part in turn (see ``parts``); the first that refuses or fails gives back the
-        parts taken before it, and is the admission's answer."""
+        parts taken before it, and is the admission's answer (its counts as they were; those of
+        parts not reached, 0)."""
         tallied = [0] * len(tallies)
         taken: list[tuple[Part, list[int], list[str]]] = []
         for part in split:
