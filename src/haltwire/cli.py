@@ -409,13 +409,19 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=_tripwires_test)
 
     from haltwire.control.operator import add_parsers
+    from haltwire.up import add_parsers as add_up_parsers
 
     add_parsers(sub)
+    add_up_parsers(sub)
 
     dr = sub.add_parser("drill", help="stop canary agents at every rung; measure the time to the last side effect")
     dr.add_argument("--embedded", action="store_true", help="drill a stack of its own (the embedded default)")
     dr.add_argument("--reps", type=int, default=5, help="stops per rung (default 5)")
-    dr.add_argument("--rungs", default="sdk,gateway,fail_closed", help="the rungs, comma-separated (default: all)")
+    dr.add_argument(
+        "--rungs",
+        default="sdk,gateway,model,broker,egress,executor,fail_closed",
+        help="the rungs, comma-separated (default: all)",
+    )
     dr.add_argument("--json", action="store_true", help="print the figures as JSON")
     dr.add_argument("--seed", type=int, default=None, help="seed the random moments of the stops")
     # Tests: break the gateway rung on purpose (a gateway without [control] nor [leases], or none).

@@ -3,17 +3,19 @@
 In this order:
 
 1. the arguments are checked (exit 2 and a sentence for bad usage: this slice drills only the
-   stack it starts itself, ``--embedded``);
-2. the stack starts (``drill.stack``);
-3. each rung runs its ``--reps`` reps (``drill.rungs``), a progress bar on stderr; the stop
-   rungs take the scope kinds round-robin (run, tenant, agent, version, global, tool), so three
-   reps of ``sdk`` and ``gateway`` cover every kind; a rep that cannot be measured ends its rung
-   (broken) and the drill goes on with the next;
-4. the canary upstream's whole record is counted, the control plane asked what the drill left
+   stack it starts itself, ``--embedded``); a rung whose part cannot run here is skipped, with
+   a sentence saying why (``drill.parts``);
+2. the stack starts (``drill.stack``), with the parts the rungs need;
+3. each rung runs its ``--reps`` reps (``drill.rungs``, ``drill.ladder``), a progress bar on
+   stderr; the stop rungs take the scope kinds round-robin (run, tenant, agent, version,
+   global, tool, model), each rep the next kind its rung accepts, so two reps of every rung
+   cover every kind; a rep that cannot be measured ends its rung (broken) and the drill goes on
+   with the next;
+4. the canary records are counted (the upstream's, the targets'), the control plane asked what the drill left
    behind (its stops still active, its runs not ended: both 0), the stack taken down with its
    temporary directory;
-5. the figures are printed (a table, or ``--json``), then a sentence for each broken rung and
-   each missed target.
+5. the figures are printed (a table, or ``--json``), then a sentence for each skipped or broken
+   rung, each missed target and each intent performed on a decision after its stop.
 
 Exit status: 0 when every rung met the class's ``time_to_stop_s``, 1 when a target was missed or
 a rung is broken, 2 for bad usage, 130 when interrupted (Ctrl-C or SIGTERM: the stack is taken
@@ -28,6 +30,8 @@ import logging
 import random
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Final
 
 import anyio
@@ -36,14 +40,52 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from haltwire.demo.processes import StackFailed
+from haltwire.drill import parts
 from haltwire.drill.figures import Rep, RungSummary, summarize, table, to_json
-from haltwire.drill.rungs import RUNGS, SCOPE_KINDS, Drill, RungBroken, operator_client
+from haltwire.drill.ladder import KINDS, KindCycle, Ladder
+from haltwire.drill.rungs import RUNGS, Drill, RungBroken, operator_client
 from haltwire.drill.stack import AGENT_CLASS, CLASS_TIMING, running_stack
 from haltwire.errors import unwrapped
 from haltwire.runtime import ControlRefused, ControlUnreachable, StopRequested
 
 #: A hard bound on one rep (its own waits are shorter): a hang is a failure, not a wait.
 REP_TIMEOUT_S: Final = 60.0
+#: Every rung, in the order ``--rungs`` lists them by default: the ladder's rungs between the
+#: gateway's and fail_closed (which pauses the control plane every part follows).
+ALL_RUNGS: Final = (*RUNGS[:2], *KINDS, *RUNGS[2:])
+
+
+#: What breaks a rep (its rung): anything else is a bug, and raised.
+REP_FAILURES: Final = (
+    RungBroken,
+    StopRequested,
+    ControlRefused,
+    ControlUnreachable,
+    httpx2.HTTPError,
+    TimeoutError,
+)
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
+
+
+@contextmanager
+def one_failure() -> Iterator[None]:
+    """A rep's failure as itself: a task group's lone exception, or the first of several that are
+    all rep failures (both canaries of a fail_closed rep failing to register, say)."""
+    try:
+        with unwrapped():
+            yield
+    except BaseExceptionGroup as group:
+        leaves = list(_leaves(group))
+        if not leaves or not all(isinstance(e, REP_FAILURES) for e in leaves):
+            raise
+        raise leaves[0] from None
 
 
 def _usage(message: str) -> int:
@@ -57,9 +99,11 @@ def run(args: argparse.Namespace) -> int:
         return _usage("this version drills only a stack it starts itself: give --embedded")
     if args.reps < 1:
         return _usage(f"--reps must be at least 1, not {args.reps}")
-    unknown = [r for r in rungs if r not in RUNGS]
+    unknown = [r for r in rungs if r not in ALL_RUNGS]
     if unknown or not rungs:
-        return _usage(f"unknown rung {', '.join(unknown) or '(none)'}; the rungs are {', '.join(RUNGS)}")
+        return _usage(f"unknown rung {', '.join(unknown) or '(none)'}; the rungs are {', '.join(ALL_RUNGS)}")
+    skipped = {r: why for r in rungs if (why := parts.unavailable(r)) is not None}
+    rungs = [r for r in rungs if r not in skipped]
     if not args.verbose:  # the fail-closed rung's failed renewals are what it drills
         logging.getLogger("haltwire.runtime").setLevel(logging.ERROR)
     # SIGTERM as Ctrl-C: the stack's processes are taken down either way (``running_stack``).
@@ -67,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     err = Console(stderr=True)
     try:
-        reps, broken, total, left = anyio.run(_drill, rungs, args.reps, seed, args.broken, err)
+        reps, broken, totals, left = anyio.run(_drill, rungs, args.reps, seed, args.broken, err)
     except StackFailed as exc:
         print(f"haltwire drill: the stack did not start: {exc}", file=sys.stderr)
         return 1
@@ -79,7 +123,9 @@ def run(args: argparse.Namespace) -> int:
         if not any(s.rung == rung for s in summaries):
             summaries.append(RungSummary(rung, [], CLASS_TIMING["time_to_stop_s"]))
     if args.json:
-        data = to_json(summaries, total, seed)
+        data = to_json(summaries, sum(totals.values()), seed)
+        data["canary_records"] = totals
+        data["skipped"] = skipped
         data["broken"] = broken
         data["left_behind"] = left
         data["agent_class"] = {"name": AGENT_CLASS, **CLASS_TIMING}
@@ -91,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
         if not out.is_terminal:  # a file or a pipe: the table whole, not cut to 80 columns
             out = Console(width=120)
         out.print(table(summaries))
+    for sentence in skipped.values():
+        err.print(f"[yellow]{sentence}[/yellow]")
     return _verdict(summaries, broken, left, err)
 
 
@@ -110,6 +158,12 @@ def _verdict(summaries: list[RungSummary], broken: dict[str, str], left: dict[st
                 f"({rep.scope}, {rep.runtime} canary) > time_to_stop_s {s.target_s:g} s[/red]"
             )
             ok = False
+        for rep in s.decided_late:
+            err.print(
+                f"[red]the {s.rung} rung failed: {len(rep.decided_after_stop)} intents of run {rep.run_id} were "
+                f"performed on a decision taken after the stop ({rep.scope})[/red]"
+            )
+            ok = False
     if ok:
         err.print(
             f"every rung met time_to_stop_s {CLASS_TIMING['time_to_stop_s']:g} s (agent class {AGENT_CLASS})"
@@ -119,18 +173,21 @@ def _verdict(summaries: list[RungSummary], broken: dict[str, str], left: dict[st
 
 async def _drill(
     rungs: list[str], reps: int, seed: int, break_: str | None, err: Console
-) -> tuple[list[Rep], dict[str, str], int, dict[str, int]]:
+) -> tuple[list[Rep], dict[str, str], dict[str, int], dict[str, int]]:
     """Steps 2 to 4 of the module's docstring: the reps, the broken rungs' sentences, the size of
-    the canary's record, and what the drill left behind (its active stops, its runs not ended)."""
+    each canary record (the upstream's, the targets'), and what the drill left behind (its active
+    stops, its runs not ended)."""
     out: list[Rep] = []
     broken: dict[str, str] = {}
-    kinds = iter(SCOPE_KINDS[k % len(SCOPE_KINDS)] for k in range(10**9))
-    with running_stack(broken=break_) as stack:
+    kinds = KindCycle()
+    with running_stack(broken=break_, parts=parts.needed(rungs)) as stack:
         async with (
             operator_client(stack) as operator,
             httpx2.AsyncClient(base_url=stack.canary_url, timeout=5.0) as canary,
+            httpx2.AsyncClient(base_url=stack.targets_url, timeout=5.0) as targets,
         ):
             drill = Drill(stack, operator, canary, random.Random(seed))
+            ladder = Ladder(drill, targets)
             columns = (
                 TextColumn("{task.description}"),
                 BarColumn(),
@@ -142,11 +199,13 @@ async def _drill(
                     task = progress.add_task(f"drill: {rung}", total=reps)
                     for n in range(reps):
                         try:
-                            with anyio.fail_after(REP_TIMEOUT_S), unwrapped():
+                            with anyio.fail_after(REP_TIMEOUT_S), one_failure():
                                 if rung == "fail_closed":
                                     measured = await drill.fail_closed_rep(n)
+                                elif rung in KINDS:
+                                    measured = [await ladder.rep(rung, n, kinds.take(rung))]
                                 else:
-                                    measured = [await drill.stop_rep(rung, n, next(kinds))]
+                                    measured = [await drill.stop_rep(rung, n, kinds.take(rung))]
                         except RungBroken as exc:
                             broken[rung] = str(exc)
                             break
@@ -164,6 +223,8 @@ async def _drill(
                         if sentences:
                             broken[rung] = str(sentences[0])
                             break
-            total = await drill.total_recorded()
+            totals = {"upstream": await drill.total_recorded()}
+            if "targets" in stack.parts:
+                totals["targets"] = await ladder.total_recorded()
             left = await drill.left_behind([r.run_id for r in out])
-    return out, broken, total, left
+    return out, broken, totals, left

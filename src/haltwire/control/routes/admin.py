@@ -22,6 +22,7 @@ from haltwire.control.access import authenticate
 from haltwire.control.errors import Refused
 from haltwire.control.metrics import ControlMetrics
 from haltwire.control.plane import Plane
+from haltwire.control.routes.dashboard.sessions import LISTENER_KEY
 from haltwire.control.routes.metrics import PATH as METRICS_PATH
 from haltwire.control.routes.metrics import serve_metrics
 from haltwire.control.routes.wire import answer
@@ -46,6 +47,8 @@ class OnlyRoles:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
+            # Which listener it came through: the dashboard is served on the admin listener only.
+            scope[LISTENER_KEY] = self.listener
             request = Request(scope)
             header = request.headers.get("authorization")
             if header is not None:
