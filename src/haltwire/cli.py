@@ -16,7 +16,7 @@ from pathlib import Path
 
 import anyio
 
-from haltwire import __version__
+from haltwire import __version__, logs
 from haltwire.config import ConfigError
 from haltwire.errors import unwrapped
 from haltwire.identity import token_sha256
@@ -28,6 +28,7 @@ STOP_GRACE_S = 5.0
 
 
 def _gateway(args: argparse.Namespace) -> int:
+    from haltwire.access_log import logged
     from haltwire.gateway import ControlUnreachable, UpstreamError, WrongRole, create_app, redis_pool_size
     from haltwire.gateway.config import load_config
     from haltwire.listener import check_descriptors
@@ -61,7 +62,7 @@ def _gateway(args: argparse.Namespace) -> int:
     async def run() -> int:
         # The app is served while it starts: /healthz answers at once, /readyz 503 until its
         # upstreams and stops are in, and a call waits for them.
-        server = owned_server(app, config.gateway.listener)
+        server = owned_server(logged(app, args.access_log), config.gateway.listener)
         served = anyio.Event()
         status = 0
         async with anyio.create_task_group() as tg:
@@ -184,7 +185,7 @@ def _control(args: argparse.Namespace) -> int:
     if args.agents_process is not None:  # the child of the command below
         try:
             check_descriptors([section.agent_listener])
-            anyio.run(serve_agents, config, args.agents_process)
+            anyio.run(serve_agents, config, args.agents_process, args.access_log)
         except KeyboardInterrupt:
             return 0
         except (ConfigError, RegistryUnavailable) as exc:
@@ -224,7 +225,7 @@ def _control(args: argparse.Namespace) -> int:
 
     try:
         anyio.run(
-            serve_main, config, Path(args.config), sock, admin_sock, enforcement_sock, args.verbose, announce
+            serve_main, config, Path(args.config), sock, admin_sock, enforcement_sock, logs.argv(args), announce
         )
     except KeyboardInterrupt:
         return 0
@@ -358,12 +359,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     gw = sub.add_parser("gateway", help="run the MCP gateway")
+    logs.add_arguments(gw)
     gw.add_argument("--config", required=True, help="the gateway's TOML config file")
     gw.add_argument("--host", default=None, help="override gateway.host")
     gw.add_argument("--port", type=int, default=None, help="override gateway.port")
     gw.set_defaults(func=_gateway)
 
     ctl = sub.add_parser("control", help="run the control plane (stop registry, audit log, watch)")
+    logs.add_arguments(ctl)
     ctl.add_argument("--config", required=True, help="the control plane's TOML config file")
     ctl.add_argument("--host", default=None, help="override control.host")
     ctl.add_argument("--port", type=int, default=None, help="override control.port")
@@ -373,10 +376,12 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.set_defaults(func=_control)
 
     ex = sub.add_parser("executor", help="run the executor: it commits the intents of irreversible tools")
+    logs.add_arguments(ex)
     ex.add_argument("--config", required=True, help="the gateway's TOML config file, with [executor]")
     ex.set_defaults(func=_executor)
 
     eg = sub.add_parser("egress", help="run the egress proxy: a run's network traffic, cut when it is stopped")
+    logs.add_arguments(eg)
     eg.add_argument("--config", required=True, help="the egress proxy's TOML config file")
     eg.add_argument("--host", default=None, help="override egress.host")
     eg.add_argument("--port", type=int, default=None, help="override egress.port")
@@ -435,8 +440,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    if hasattr(args, "log_format"):  # a server command (haltwire.logs.add_arguments)
+        logs.configure_from(args)
+    else:
+        logging.basicConfig(
+            level=logging.DEBUG if args.verbose else logging.WARNING,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
     sys.exit(args.func(args))

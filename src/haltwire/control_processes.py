@@ -22,15 +22,17 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
 import anyio
 import anyio.abc
 
+from haltwire.access_log import logged
 from haltwire.control import AdminOnly, AgentsListener, ControlConfig, EnforcementOnly, create_app
 from haltwire.control.broker import BrokerKeys
+from haltwire.control.lease_counts import SharedCounts
 from haltwire.control.plane import Plane
 from haltwire.control.stores import open_stores
 from haltwire.listener import InFlightCap
@@ -38,8 +40,8 @@ from haltwire.serve import serve_forever, serve_listeners
 
 log = logging.getLogger("haltwire.control")
 
-#: The hidden option that makes ``haltwire control`` the agents' process: ``FD,FD`` (the
-#: listening socket and the child's end of the socket pair, inherited).
+#: The hidden option that makes ``haltwire control`` the agents' process: ``FD,FD,FD`` (the
+#: listening socket, the child's end of the socket pair, the shared lease counts; inherited).
 AGENTS_PROCESS_OPTION: Final = "--agents-process"
 #: Streams exempt from the in-flight caps (each is in flight for as long as it is open): the
 #: watch, and the dashboard's live stream.
@@ -83,12 +85,15 @@ class AgentsProcess:
     main process (``run`` until cancelled, ``stop``)."""
 
     def __init__(
-        self, config_path: Path, sock: socket.socket, plane: Plane, wakes: bool, verbose: bool
+        self, config_path: Path, sock: socket.socket, plane: Plane, wakes: bool, log_options: Sequence[str] = ()
     ) -> None:
         self.config_path = config_path
         self.sock = sock
         self.plane = plane
-        self.verbose = verbose
+        #: ``haltwire control``'s logging options, for the child (``haltwire.logs.argv``).
+        self.log_options = list(log_options)
+        #: The children's lease counts, for the admin listener's ``/metrics``.
+        self.counts = SharedCounts.create()
         self.proc: anyio.abc.Process | None = None
         self._peer: socket.socket | None = None
         self._stopping = False
@@ -106,14 +111,14 @@ class AgentsProcess:
             ours.setblocking(False)
             try:
                 with theirs:
-                    fds = (self.sock.fileno(), theirs.fileno())
+                    fds = (self.sock.fileno(), theirs.fileno(), self.counts.fd)
                     self.proc = await anyio.open_process(
                         [
                             sys.executable,
                             "-m",
                             "haltwire",
-                            *(["--verbose"] if self.verbose else []),
                             "control",
+                            *self.log_options,
                             "--config",
                             str(self.config_path),
                             AGENTS_PROCESS_OPTION,
@@ -166,7 +171,7 @@ async def serve_main(
     agents: socket.socket,
     admin: socket.socket,
     enforcement: socket.socket,
-    verbose: bool = False,
+    log_options: Sequence[str] = (),
     opened: Callable[[], None] | None = None,
 ) -> None:
     """The main process: the admin and enforcement listeners, and the agents' process, until
@@ -181,20 +186,22 @@ async def serve_main(
             opened()
         app = create_app(config, stores)
         child = AgentsProcess(
-            config_path, agents, app.state.plane, config.registry.backend == "sqlite", verbose
+            config_path, agents, app.state.plane, config.registry.backend == "sqlite", log_options
         )
+        app.state.metrics.collector.peer = child.counts
+        access = "--access-log" in log_options
         async with anyio.create_task_group() as tg:
             tg.start_soon(child.run)
             await serve_listeners(
                 [
                     (
-                        InFlightCap(AdminOnly(app), section.admin_listener.max_in_flight, STREAMS),
+                        InFlightCap(logged(AdminOnly(app), access), section.admin_listener.max_in_flight, STREAMS),
                         admin,
                         section.admin_listener,
                     ),
                     (
                         InFlightCap(
-                            EnforcementOnly(app), section.enforcement_listener.max_in_flight, STREAMS
+                            logged(EnforcementOnly(app), access), section.enforcement_listener.max_in_flight, STREAMS
                         ),
                         enforcement,
                         section.enforcement_listener,
@@ -205,10 +212,10 @@ async def serve_main(
             tg.cancel_scope.cancel()
 
 
-async def serve_agents(config: ControlConfig, fds: str) -> None:
+async def serve_agents(config: ControlConfig, fds: str, access_log: bool = False) -> None:
     """The agents' process: the agents' listener on the inherited socket, until SIGINT/SIGTERM,
     or until the main process is gone."""
-    listening, pair = (int(fd) for fd in fds.split(","))
+    listening, pair, counts_fd = (int(fd) for fd in fds.split(","))
     sock = socket.socket(fileno=listening)
     peer = socket.socket(fileno=pair)
     peer.setblocking(False)
@@ -219,9 +226,15 @@ async def serve_agents(config: ControlConfig, fds: str) -> None:
         plane: Plane = app.state.plane
         if config.registry.backend == "sqlite":
             plane.peers.append(lambda: tell(peer))
+        desk = plane.leases
+        if desk is not None:  # its counts go on from what a child before this one left
+            counts = SharedCounts(counts_fd)
+            desk.granted, desk.refused = counts.read()
+            desk.counted = lambda: counts.write(desk.granted, desk.refused)
         async with anyio.create_task_group() as tg:
             tg.start_soon(_lifeline, peer, plane)
-            await serve_forever(InFlightCap(AgentsListener(app), limits.max_in_flight, STREAMS), sock, limits)
+            agents = logged(AgentsListener(app), access_log)
+            await serve_forever(InFlightCap(agents, limits.max_in_flight, STREAMS), sock, limits)
             tg.cancel_scope.cancel()
 
 

@@ -116,6 +116,9 @@ class ScopeIndex(Generic[StopT]):
     def remove(self, scope: Scope) -> None:
         self._by_scope.pop(scope, None)
 
+    def values(self) -> list[StopT]:
+        return list(self._by_scope.values())
+
     def match(self, scopes: frozenset[Scope]) -> tuple[Scope, StopT] | None:
         if not self._by_scope:
             return None

@@ -153,13 +153,16 @@ class CannotListen(Exception):
 def _config(
     app: Any, limits: ListenerLimits | None, lifespan: Lifespan, parser: Parser = "auto", **extra: Any
 ) -> uvicorn.Config:
+    # log_config None: uvicorn's loggers go through the root logger, in the process's format
+    # (``haltwire.logs``: a JSON log is all JSON lines), not through handlers of uvicorn's own.
     if limits is None:
-        return uvicorn.Config(app, lifespan=lifespan, log_level="warning", access_log=False, **extra)
+        return uvicorn.Config(app, lifespan=lifespan, log_level="warning", access_log=False, log_config=None, **extra)
     return uvicorn.Config(
         app,
         lifespan=lifespan,
         log_level="warning",
         access_log=False,
+        log_config=None,
         http=guarded_protocol(limits, parser),
         timeout_keep_alive=int(max(1, limits.idle_timeout_s)),
         **extra,

@@ -161,6 +161,10 @@ class StopSet:
             return 0
         return max((self._fences.get(s, 0) for s in scopes), default=0)
 
+    def active(self, now: float) -> list[str]:
+        """The scope of each stop active at ``now`` (for metrics; not on a call's path)."""
+        return [s.scope for stops in self._index.values() for s in stops.values() if s.active_at(now)]
+
     def __len__(self) -> int:
         """How many scopes have an active (possibly expired, not yet noticed) stop."""
         return len(self._index)

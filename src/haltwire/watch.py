@@ -114,7 +114,7 @@ class StopWatch:
         #: The replicas followed: one at a time, the next when it fails or falls silent.
         self.replicas = Replicas(link.urls)
         self._token = link.resolve_token()
-        self._monotonic = monotonic
+        self.monotonic = monotonic
         #: Whose time a stop's expiry is judged by.
         self.clock = clock
         self.stops = StopSet()
@@ -127,11 +127,31 @@ class StopWatch:
         #: Called with each new stop as it is applied, in this task and before the next event
         #: is read (the gateway cuts calls in flight here); they must not block.
         self.on_stop: list[Callable[[StopRecord], None]] = []
+        #: Whether the stops held were last seen stale (fail closed), and whether the last
+        #: connection failed: each change of either is logged once, as a warning.
+        self.failing_closed = False
+        self.unreachable = False
 
     def current(self) -> bool:
         """Whether the stops held are current: heard from within ``staleness_s`` (fail closed)."""
         heard = self.last_heard
-        return heard is not None and self._monotonic() - heard <= self.link.staleness_s
+        current = heard is not None and self.monotonic() - heard <= self.link.staleness_s
+        if current is self.failing_closed and self.ready:
+            self._turned(current)  # stale now and was not, or the reverse
+        return current
+
+    def _turned(self, current: bool) -> None:
+        """Log the moment the stops held turn stale (the owner fails closed) or current again."""
+        self.failing_closed = not current
+        if current:
+            log.warning("stops current again: the control plane at %s is heard; failing closed ends", self.url)
+        else:
+            log.warning(
+                "stops stale: nothing heard from the control plane at %s for over %g s; failing closed "
+                "(every call refused registry_unreachable) until it is heard again",
+                self.url,
+                self.link.staleness_s,
+            )
 
     @property
     def revision(self) -> int:
@@ -160,7 +180,9 @@ class StopWatch:
             await self._advanced.wait()
 
     def _heard(self) -> None:
-        self.last_heard = self._monotonic()
+        self.last_heard = self.monotonic()
+        if self.failing_closed:
+            self._turned(True)
 
     @property
     def url(self) -> str:
@@ -197,6 +219,9 @@ class StopWatch:
                 if event.comment is not None:
                     if not caught_up and event.comment == CAUGHT_UP:
                         caught_up = True
+                        if self.unreachable:
+                            self.unreachable = False
+                            log.warning("control plane %s reachable again: the stops missed are replayed", url)
                         if task_status is not anyio.TASK_STATUS_IGNORED:
                             self.ready = True
                             task_status.started()
@@ -243,6 +268,9 @@ class StopWatch:
                         if failures >= len(self.replicas):
                             await anyio.sleep(START_RETRY_S)
                         continue
+                    if not self.unreachable:
+                        self.unreachable = True
+                        log.warning("control plane unreachable: the watch on %s failed (%s)", url, describe(exc))
                     log.error(
                         "control plane %s: watch failed (%s); following %s",
                         url,

@@ -62,6 +62,8 @@ ROLES: Final[Mapping[str, frozenset[str]]] = {
     "run.usage.record": frozenset({"gateway"}),
     # A gateway's tripwire in shadow mode records what it would have stopped.
     "tripwire.firing.record": frozenset({"tripwire"}),
+    # /metrics, on the admin listener only (``haltwire.control.routes.metrics``).
+    "metrics.read": frozenset({"operator", "tripwire", "viewer"}),
     # Who a token is, and whether it reads every stop (an enforcement point asks at start-up).
     "whoami": frozenset(get_args(Role)),
 }

@@ -72,6 +72,11 @@ class LeaseDesk:
         self._noted = AuditOnce()
         #: Run id to its latest grant's (issued_at, expires_at), since the last ``take_grants``.
         self._granted: dict[str, tuple[float, float]] = {}
+        #: Grants made and refused by ``grant`` in this process (``haltwire.control.metrics``);
+        #: ``counted`` is told after each (the agents' process shares them: ``lease_counts``).
+        self.granted = 0
+        self.refused = 0
+        self.counted: Callable[[], None] | None = None
 
     @classmethod
     def from_config(cls, config: ControlConfig) -> LeaseDesk | None:
@@ -106,7 +111,13 @@ class LeaseDesk:
         generation = self.stops.revision  # read before the check: the check covers it
         refusal = self.check(run, now)
         if refusal is not None:
+            self.refused += 1
+            if self.counted is not None:
+                self.counted()
             return refusal
+        self.granted += 1
+        if self.counted is not None:
+            self.counted()
         timing = self.agent_class(run.agent_class)
         claims = LeaseClaims(
             run=run.run_id,

@@ -49,6 +49,9 @@ class EgressSection(ConfigModel):
     agents: dict[str, str] = Field(default_factory=dict)
     #: The profile of an agent not in ``agents``.
     default_profile: str = NONE
+    #: Serve ``/metrics`` on this port (of ``metrics_host``); unset: no metrics listener.
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
 
     @model_validator(mode="after")
     def _profiles(self) -> EgressSection:

@@ -59,10 +59,13 @@ from haltwire.egress.config import EgressSection, Profiles
 from haltwire.egress.connections import POINT, Connection, Kind, OpenConnections
 from haltwire.egress.profiles import IPAddress, Profile, address_of, normal_host
 from haltwire.leasecheck import run_refusal
+from haltwire.metrics import EgressMetrics
 from haltwire.refusal import Refusal
 from haltwire.tokens import LeaseClaims, LeaseKeys
 
 log = logging.getLogger("haltwire.egress")
+#: One line per relayed request with ``--access-log`` (disabled otherwise: ``haltwire.logs``).
+access = logging.getLogger("haltwire.access")
 
 #: Bytes read from a socket at once.
 CHUNK = 65_536
@@ -95,6 +98,16 @@ class Proxy:
         self.profiles = Profiles(section)
         self.connections = connections
         self._clock = clock
+        #: What ``[egress] metrics_port`` serves.
+        self.metrics = EgressMetrics()
+
+    async def _refuse(
+        self, client: anyio.abc.SocketStream, r: Refusal, *, status: int | None = None, run: str | None = None
+    ) -> None:
+        """Answer ``r`` (``_answer``), counted and logged at info with its run when known."""
+        self.metrics.refused(r)
+        log.info("refused a connection (run %s): %s", run, r.code, extra={"code": r.code, "run": run})
+        await _answer(client, r, status=status)
 
     async def handle(self, client: anyio.abc.SocketStream) -> None:
         """Serve one client connection (steps 1 to 8), then close it."""
@@ -105,7 +118,7 @@ class Proxy:
             except h11.RemoteProtocolError as exc:
                 too_large = exc.error_status_hint == 431
                 why = "the request head is too large" if too_large else "the request head is malformed"
-                await _answer(client, refusal.proxy_request_invalid(why), status=431 if too_large else 400)
+                await self._refuse(client, refusal.proxy_request_invalid(why), status=431 if too_large else 400)
                 return
             if request is None:
                 return  # closed, or no whole head in time: nothing to answer
@@ -139,7 +152,7 @@ class Proxy:
     ) -> None:
         target = _target(request)
         if isinstance(target, Refusal):
-            await _answer(client, target)
+            await self._refuse(client, target)
             return
         header = _header(request, b"proxy-authorization")
         with anyio.move_on_after(self.section.connect_timeout_s) as fetching:  # a broker's JWKS
@@ -147,38 +160,38 @@ class Proxy:
         if fetching.cancelled_caught:
             claims = refusal.proxy_auth_required("the broker's keys could not be fetched in time")
         if isinstance(claims, Refusal):
-            await _answer(client, claims, status=407)
+            await self._refuse(client, claims, status=407)
             return
         refused = run_refusal(self.connections.watch, claims, POINT)
         profile = self.profiles.for_agent(claims.agent)
         if refused is None:
             refused = profile.name_refusal(claims.run, target.host, target.port)
         if refused is not None:
-            await _answer(client, refused)
+            await self._refuse(client, refused, run=claims.run)
             return
         opened: Connection | None = None
         upstream: anyio.abc.SocketStream | None = None
         with anyio.move_on_after(self.section.connect_timeout_s):  # resolving and connecting
             addresses = await _resolve(target)
             if isinstance(addresses, Refusal):
-                await _answer(client, addresses)
+                await self._refuse(client, addresses, run=claims.run)
                 return
             for ip in addresses:
                 refused = profile.address_refusal(claims.run, target.host, target.port, ip)
                 if refused is not None:
-                    await _answer(client, refused)
+                    await self._refuse(client, refused, run=claims.run)
                     return
             kind: Kind = "tunnel" if request.method == b"CONNECT" else "forward"
             registered = self.connections.open(claims, kind, str(target))
             if isinstance(registered, Refusal):
-                await _answer(client, registered)
+                await self._refuse(client, registered, run=claims.run)
                 return
             opened = registered
             upstream = await _connect(addresses, target.port)
         if opened is None or upstream is None:  # timed out, or no address accepted
             if opened is not None:
                 self.connections.closed(opened)
-            await _answer(client, refusal.target_unreachable(str(target)))
+            await self._refuse(client, refusal.target_unreachable(str(target)), run=claims.run)
             return
         await self._relay(client, conn, request, target, opened, upstream, claims)
 
@@ -192,6 +205,9 @@ class Proxy:
         upstream: anyio.abc.SocketStream,
         claims: LeaseClaims,
     ) -> None:
+        tunnel = request.method == b"CONNECT"
+        self.metrics.relayed()
+        self.metrics.tunnels += tunnel
         try:
             with opened.scope:  # a stop, the lease's expiry or a stale watch cancels it
                 async with upstream:
@@ -209,7 +225,12 @@ class Proxy:
                             client, conn, upstream, request, opened, self.section.idle_timeout_s
                         )
         finally:
+            self.metrics.tunnels -= tunnel
             self.connections.closed(opened)
+            if access.isEnabledFor(logging.INFO):
+                method = request.method.decode("latin-1")
+                fields = {"method": method, "target": str(target), "run": claims.run, "cut_by": opened.cut_by}
+                access.info("%s %s (run %s)", method, target, claims.run, extra=fields)
         if conn.our_state is h11.SEND_RESPONSE:
             # Nothing was answered yet (cut before the 200 or before the target's response, or the
             # target closed without one): the client is told why, not left with a bare close.
@@ -222,7 +243,7 @@ class Proxy:
                     refusal.lease_expired(claims.run) if cut else refusal.target_unreachable(str(target))
                 )
             with anyio.move_on_after(self.section.header_timeout_s):  # a client that does not read
-                await _answer(client, refused)
+                await self._refuse(client, refused, run=claims.run)
 
 
 def _sni_screen(opened: Connection, profile: Profile, target: Target) -> Callable[[bytes], bool | None]:

@@ -13,7 +13,7 @@
    group; past ``max_connections`` open ones, a new connection is closed as it is accepted.
 
 Cancelling ``run`` (SIGINT/SIGTERM in ``haltwire egress``) cancels all three, closing every
-connection.
+connection. With ``[egress] metrics_port``, ``/metrics`` is served on a listener of its own.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable
+from contextlib import AsyncExitStack
 
 import anyio
 import anyio.abc
@@ -32,6 +33,8 @@ from haltwire.egress.auth import Broker
 from haltwire.egress.config import EgressConfig
 from haltwire.egress.connections import OpenConnections
 from haltwire.egress.proxy import Proxy
+from haltwire.metrics_http import metrics_app
+from haltwire.serve import serving
 from haltwire.watch import EGRESS, StopWatch
 
 log = logging.getLogger("haltwire.egress")
@@ -53,13 +56,20 @@ class EgressProxy:
         )
         #: Client connections open now (the cap's count).
         self.clients = 0
+        #: Where ``/metrics`` is served (``[egress] metrics_port``), once it is.
+        self.metrics_url: str | None = None
 
     async def run(
         self, sock: socket.socket, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Serve on ``sock`` (bound beforehand: ``haltwire.serve.listen``) until cancelled; reports
         started, with the port it listens on, once its stops are current."""
-        async with anyio.create_task_group() as tg:
+        section = self.config.egress
+        async with anyio.create_task_group() as tg, AsyncExitStack() as stack:
+            if section.metrics_port is not None:
+                app = metrics_app(self.proxy.metrics.registry)
+                served = serving(app, section.metrics_host, section.metrics_port, lifespan="off")
+                self.metrics_url = await stack.enter_async_context(served) + "/metrics"
             await self.watch.start(tg)
             if self.broker is not None:
                 try:

@@ -2,7 +2,8 @@
 
 ``run_executor(config)`` connects the gateway config's upstreams, takes a lease as the
 ``[executor]`` identity and settles intents until cancelled; ``Executor`` is the loop itself
-(``haltwire.executor.loop`` explains each step and what a crash leaves).
+(``haltwire.executor.loop`` explains each step and what a crash leaves). With
+``[executor] metrics_port``, its ``/metrics`` is served on a listener of its own.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from haltwire.errors import unwrapped
 from haltwire.executor.client import IntentClient
 from haltwire.executor.loop import Executor, ExecutorMisconfigured
 from haltwire.gateway.config import GatewayConfig
+from haltwire.metrics_http import metrics_app
+from haltwire.serve import serving
 from haltwire.upstreams import UpstreamError, Upstreams
 from haltwire.watch import WrongRole
 
@@ -44,6 +47,18 @@ async def run_executor(
             executor = Executor(
                 control, upstreams, config.executor, deadline_s=config.labels.irreversible_deadline_s
             )
+            settings = config.executor
+            if settings.metrics_port is not None:
+                try:
+                    served = serving(
+                        metrics_app(executor.metrics.registry), settings.metrics_host, settings.metrics_port,
+                        lifespan="off",
+                    )  # fmt: skip
+                    executor.metrics_url = await stack.enter_async_context(served) + "/metrics"
+                except OSError as exc:
+                    raise ExecutorMisconfigured(
+                        f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: {exc.strerror or exc}"
+                    ) from None
             async with anyio.create_task_group() as tg:
                 await tg.start(executor.run)
                 task_status.started(executor)

@@ -37,6 +37,7 @@ checked but not yet called is held for the next lease, its check standing.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
@@ -48,6 +49,7 @@ from haltwire.errors import describe
 from haltwire.executor.client import IntentClient
 from haltwire.gateway.config import ExecutorSection
 from haltwire.meta import KEY_META
+from haltwire.metrics import ExecutorMetrics
 from haltwire.runtime.client import ControlRefused, ControlUnreachable
 from haltwire.runtime.lease import Lease, StopRequested
 from haltwire.upstreams import Upstreams, UpstreamUnavailable
@@ -88,6 +90,10 @@ class Executor:
         self.deadline_s = deadline_s
         #: Intents this process holds without an outcome yet (resolved first, in order).
         self._held: list[dict[str, Any]] = []
+        #: What ``[executor] metrics_port`` serves.
+        self.metrics = ExecutorMetrics()
+        #: Where they are served (``run_executor``), if they are.
+        self.metrics_url: str | None = None
         #: What happened to the latest intents (``committed``, ``failed``, ``cancelled``), by id:
         #: for demos and tests; the control plane is the record.
         self.settled: dict[str, str] = {}
@@ -150,6 +156,7 @@ class Executor:
                         await lease.ended.wait()
                     continue
                 intent = claimed
+                self.metrics.intent("claimed")
             if not await self.settle(intent, lease):
                 self._held.append(intent)  # not performed: kept for the next lease
                 return
@@ -192,8 +199,12 @@ class Executor:
         delay = self.settings.retry_s
         while True:
             try:
-                with anyio.fail_after(self.deadline_s):
-                    result = await route.upstream.call_tool(route.tool, intent["arguments"], meta, None)
+                started = time.perf_counter()
+                try:
+                    with anyio.fail_after(self.deadline_s):
+                        result = await route.upstream.call_tool(route.tool, intent["arguments"], meta, None)
+                finally:
+                    self.metrics.call_duration(time.perf_counter() - started)
             except (TimeoutError, UpstreamUnavailable) as exc:
                 # Performed or not, nobody knows: the same key again, never a new one.
                 log.warning(
@@ -223,6 +234,7 @@ class Executor:
         log.info("intent %s %s", intent_id, state)
 
     def _note(self, intent_id: str, state: str) -> None:
+        self.metrics.intent(state)
         if len(self.settled) >= SETTLED_KEPT:
             del self.settled[next(iter(self.settled))]  # the oldest: dicts keep insertion order
         self.settled[intent_id] = state

@@ -10,6 +10,7 @@ import anyio
 import httpx2
 
 from haltwire import __version__
+from haltwire.config import ConfigError
 from haltwire.credentials import JwksKeys
 from haltwire.gateway.app import GatewayApp
 from haltwire.gateway.ceilings import Ceilings, Clock
@@ -171,7 +172,7 @@ def create_app(
     if routes is not None:
         models = ModelCalls(gateway, routes, UsageCounts(store, config.limits.window_s, clock=clock), reports)
 
-    async def startup(stack: AsyncExitStack) -> None:
+    async def opened(stack: AsyncExitStack) -> None:
         if routes is not None:
             routes.open()  # aiohttp's sessions belong to the serving loop
             stack.push_async_callback(routes.aclose)
@@ -222,6 +223,19 @@ def create_app(
         await upstreams.connect(stack)
         if intents is not None and upstreams.route(INTENT_TOOL) is not None:
             raise UpstreamError(f"an upstream offers {INTENT_TOOL}, the gateway's own tool; give it a prefix")
+
+    tracer = None
+    if config.tracing.enabled:
+        try:
+            from haltwire.gateway.tracing import CallTracer, provider_of  # the otel extra, only when on
+        except ImportError as exc:
+            raise ConfigError(f"[tracing] enabled needs the otel extra (pip install 'haltwire[otel]'): {exc}") from None
+        tracer = gateway.tracer = CallTracer(provider_of(config.tracing))
+
+    async def startup(stack: AsyncExitStack) -> None:
+        if tracer is not None:
+            stack.callback(tracer.shutdown)  # the spans still batched are exported at shutdown
+        await opened(stack)
 
     return GatewayApp(
         gateway,

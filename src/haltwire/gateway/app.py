@@ -1,41 +1,37 @@
 """The gateway's ASGI application: the HTTP edge, and the fast path for ``tools/call``.
 
-Every request but the probes (``/healthz``, ``/readyz``) names the gateway first
-(``haltwire.gateway.hosts``): a ``Host`` it is not served under gets 421, an ``Origin`` that
-may not call it 403 (DNS-rebinding protection, before anything else, whatever the method). Then every request to ``/mcp`` passes
-the edge:
+Every request but the probes (``/healthz``, ``/readyz``) and ``/metrics`` (no token: counts, no
+identity or run, ``haltwire.metrics``) names the gateway first (``haltwire.gateway.hosts``): a ``Host``
+it is not served under gets 421, an ``Origin`` that may not call it 403 (DNS-rebinding protection,
+before anything else, whatever the method). Then every request to ``/mcp`` passes the edge:
 
 1. the bearer token resolves to an identity (``haltwire.gateway.identities``), or the answer is 401;
 2. an identity suspended at the edge gets 403;
-3. a body larger than ``max_body_bytes`` gets 413, and one holding what is not JSON (NaN,
-   Infinity, 1e400, an unpaired surrogate: ``haltwire.jsonwire``) a JSON-RPC parse error (400),
-   before anything is counted;
-4. a broker credential that a stop has revoked (stopped, or fenced since) gets 403 on every
-   request but a ``tools/call``, which the pipeline refuses as a tool result; so does one while
-   the watch is stale (503).
+3. a body larger than ``max_body_bytes`` gets 413, and one holding what is not JSON (NaN, Infinity, 1e400,
+   an unpaired surrogate: ``haltwire.jsonwire``) a JSON-RPC parse error (400), before anything is counted;
+4. a broker credential that a stop has revoked (stopped, or fenced since) gets 403 on every request but a
+   ``tools/call``, which the pipeline refuses as a tool result; so does one while the watch is stale (503).
 
-Then a ``tools/call`` takes the fast path here: a modern (2026-07-28) one once the SDK's own
-ladder (``classify_inbound_request``) and ``Mcp-Param-*`` check accept its envelope, a
-handshake-era one (``haltwire.gateway.legacy``) once its headers are what the SDK's handler
-takes; the ``Gateway`` pipeline runs and the JSON-RPC answer is written as the SDK would write
-it for the client's version. Anything else (``initialize``, discovery, ``tools/list``, a request
-the fast path does not recognise) is replayed, body and all, into the official SDK's
-streamable-HTTP handler, so protocol corner cases have one implementation. The fast path exists because the SDK's server machinery costs
+Then a ``tools/call`` takes the fast path here: a modern (2026-07-28) one once the SDK's own ladder
+(``classify_inbound_request``) and ``Mcp-Param-*`` check accept its envelope, a handshake-era one
+(``haltwire.gateway.legacy``) once its headers are what the SDK's handler takes; the ``Gateway``
+pipeline runs and the JSON-RPC answer is written as the SDK would write it for the client's version.
+Anything else (``initialize``, discovery, ``tools/list``, a request the fast path does not
+recognise) is replayed, body and all, into the official SDK's streamable-HTTP handler, so protocol
+corner cases have one implementation. The fast path exists because the SDK's server machinery costs
 more per call than every check haltwire makes (``benchmarks/gateway.py`` measures both).
 
-With ``[[models]]``, ``POST /v1/chat/completions`` and ``POST /v1/responses`` pass the same
-edge (steps 1 to 3), then ``haltwire.gateway.model_calls`` serves them. Beside ``/mcp``, without
-authentication: ``/healthz`` answers 200 as soon as the port is served
-(liveness), ``/readyz`` 200 only once the gateway is started, its upstreams connected and its
-stops current, else 503 naming what is missing (readiness, ``haltwire.gateway.readiness``).
-``haltwire gateway`` serves its port while it starts, so both answer then; a request to ``/mcp``
-that comes before the start has finished waits for it.
+With ``[[models]]``, ``POST /v1/chat/completions`` and ``POST /v1/responses`` pass the same edge (steps 1 to
+3), then ``haltwire.gateway.model_calls`` serves them. Beside ``/mcp``, without authentication: ``/healthz``
+answers 200 as soon as the port is served (liveness), ``/readyz`` 200 only once the gateway is started, its
+upstreams connected and its stops current, else 503 naming what is missing (readiness,
+``haltwire.gateway.readiness``). ``haltwire gateway`` serves its port while it starts, so both answer then;
+a request to ``/mcp`` that comes before the start has finished waits for it.
 
 Cancellation: a watcher of the client's connection runs beside the pipeline (a plain task,
 ``wire.until_disconnect``; with a progress token, a task group that also streams the progress
-notifications). When the client disconnects, the watcher cancels the call, which cancels the
-upstream request (the upstream sees its stream close) and releases the slot.
-"""
+notifications). When the client disconnects, the watcher cancels the call, which cancels the upstream
+request (the upstream sees its stream close) and releases the slot."""
 
 from __future__ import annotations
 
@@ -83,6 +79,7 @@ from haltwire.gateway.wire import (
 )
 from haltwire.identity import Identity, bearer_token
 from haltwire.meta import LEASE_HEADER
+from haltwire.metrics import CONTENT_TYPE, exposition
 from haltwire.refusal import Refusal
 from haltwire.tokens import LeaseClaims
 from haltwire.upstreams.http import Progress
@@ -90,6 +87,7 @@ from haltwire.upstreams.http import Progress
 log = logging.getLogger("haltwire.gateway")
 
 _JSON_HEADERS: Final = [(b"content-type", b"application/json")]
+_METRICS_HEADERS: Final = [(b"content-type", CONTENT_TYPE.encode())]
 #: The headers the fast path reads: the envelope ladder's three, ``Accept``, ``Content-Type``
 #: (a handshake-era call's) and the lease.
 _PICKED: Final = frozenset(
@@ -178,6 +176,9 @@ class GatewayApp:
             # Probed by address too; it names what is not ready, nothing secret.
             await _respond(send, *readiness(self.gateway, self.started))
             return
+        if path == "/metrics":  # scraped by address, no token: counts, no identity or run in them
+            await _respond(send, 200, exposition(self.gateway.metrics.registry), _METRICS_HEADERS)
+            return
         refused = self.hosts.refusal(scope["headers"])
         if refused is not None:
             await _respond(send, *refused)
@@ -244,22 +245,29 @@ class GatewayApp:
         self, scope: Scope, send: Send, refuse: Callable[[Send, Refusal], Awaitable[None]]
     ) -> tuple[Identity, LeaseClaims | None] | None:
         """Edge steps 1 to 3: the caller's identity (and broker credential), or None once refused."""
+        if not isinstance(refused := await self._edge_refusal(scope), Refusal):
+            return refused
+        self.gateway.metrics.refused(refused)
+        await refuse(send, refused)
+        return None
+
+    async def _edge_refusal(self, scope: Scope) -> tuple[Identity, LeaseClaims | None] | Refusal:
         token = bearer_token((_header(scope, b"authorization") or b"").decode("latin-1"))
         if token is None:
-            await refuse(send, refusal.unauthenticated("no bearer token was sent"))
-            return None
+            return refusal.unauthenticated("no bearer token was sent")
         resolved = await self.identities.resolve(token)
         if isinstance(resolved, Refusal):
-            await refuse(send, resolved)
-            return None
+            return resolved
         if resolved[0].suspended_at_edge:
-            await refuse(send, refusal.agent_suspended(resolved[0].agent))
-            return None
+            return refusal.agent_suspended(resolved[0].agent)
         length = _header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            await refuse(send, refusal.payload_too_large(self.max_body_bytes))
-            return None
+            return refusal.payload_too_large(self.max_body_bytes)
         return resolved
+
+    async def _refused(self, send: Send, r: Refusal) -> None:
+        self.gateway.metrics.refused(r)  # an edge refusal: counted, as the pipeline's are
+        await _respond_refusal(send, r)
 
     async def _edge(self, scope: Scope, receive: Receive, send: Send) -> None:
         who = await self._who(scope, send, _respond_refusal)
@@ -279,7 +287,7 @@ class GatewayApp:
             try:
                 body = await read_body(receive, self.max_body_bytes)
             except BodyTooLarge:
-                await _respond_refusal(send, refusal.payload_too_large(self.max_body_bytes))
+                await self._refused(send, refusal.payload_too_large(self.max_body_bytes))
                 return
             # Every body is read by the one strict parser, whichever path serves it: the SDK's
             # parser takes NaN and 1e400, the fast path's (Python's) unpaired surrogates too,
@@ -293,7 +301,7 @@ class GatewayApp:
                 pass  # not JSON at all: the SDK answers it with its own parse error
             receive = replayed(body, receive)
         if revoked is not None and not is_tool_call(message):
-            await _respond_refusal(send, revoked)
+            await self._refused(send, revoked)
             return
         if is_tool_call(message) and await self._tools_call(
             identity, message, scope, receive, send, credential
@@ -303,7 +311,7 @@ class GatewayApp:
             # The SDK reads the body before it answers; past the limit, its own 413 is plain text.
             await self._manager.handle_request(scope, counted(receive, self.max_body_bytes), send)
         except BodyTooLarge:
-            await _respond_refusal(send, refusal.payload_too_large(self.max_body_bytes))
+            await self._refused(send, refusal.payload_too_large(self.max_body_bytes))
 
     async def _tools_call(
         self,
@@ -395,7 +403,7 @@ class GatewayApp:
         async def call(progress: Progress | None) -> Outcome:
             try:
                 return await self.gateway.call_tool(
-                    identity, name, arguments, meta, progress, lease_header, credential
+                    identity, name, arguments, meta, progress, lease_header, credential, (request_id, None)
                 )
             except MCPError as exc:
                 return exc

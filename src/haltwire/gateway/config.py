@@ -170,6 +170,9 @@ class ExecutorSection(BearerToken):
     poll_s: float = Field(default=0.2, gt=0)
     #: The first wait after a failed request to the control plane or the upstream (doubling to 10 s).
     retry_s: float = Field(default=0.5, gt=0)
+    #: Serve ``/metrics`` on this port (of ``metrics_host``); unset: no metrics listener.
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
 
 
 #: Public-key signatures only: a JWKS publishes verification keys, and an HMAC token "verified"
@@ -248,6 +251,20 @@ class IntentsSection(ConfigModel):
     enabled: bool | None = None
 
 
+class TracingSection(ConfigModel):
+    """``[tracing]``: OpenTelemetry spans for tool calls (the ``otel`` extra; ``gateway/tracing.py``).
+    ``exporter`` unset: ``OTEL_TRACES_EXPORTER`` if set, else ``console``."""
+
+    enabled: bool = False
+    exporter: Literal["console", "otlp", "none"] | None = None
+
+    @property
+    def exporter_name(self) -> str:
+        import os
+
+        return self.exporter or os.environ.get("OTEL_TRACES_EXPORTER", "console").split(",")[0].strip()
+
+
 class GatewayConfig(ConfigModel):
     gateway: GatewaySection = Field(default_factory=GatewaySection)
     counters: CountersSection = Field(default_factory=CountersSection)
@@ -272,6 +289,7 @@ class GatewayConfig(ConfigModel):
     tripwire_stops: TripwireStops | None = None
     #: One record per call, for ``haltwire tripwires test`` (``haltwire.tripwires.calllog``).
     call_log: CallLogSection | None = None
+    tracing: TracingSection = Field(default_factory=TracingSection)
 
     @property
     def intents_on(self) -> bool:

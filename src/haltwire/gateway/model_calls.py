@@ -57,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 from typing import Any, Final
 
 import anyio
@@ -81,7 +82,9 @@ from haltwire.gateway.usage import Tokens, Usage, UsageCounts, answer_tokens, wa
 from haltwire.gateway.wire import BodyTooLarge, read_body
 from haltwire.identity import Identity
 from haltwire.limits import MAX_NAME_CHARS, has_control_characters
+from haltwire.logs import log_refusal
 from haltwire.meta import LEASE_HEADER
+from haltwire.metrics import UNKNOWN, outcome_of
 from haltwire.refusal import Refusal
 from haltwire.tokens import LeaseClaims
 from haltwire.tripwires.calllog import CURRENT, reached
@@ -135,19 +138,28 @@ class ModelCalls:
         # routed by a prefix (so names made up under a prefix share one set of counts).
         name = f"model:{model if routed is None else routed[1]}"
         calls = self.gateway.call_log
-        if calls is None:
-            await self._serve(path, scope, receive, send, identity, credential, request, body, name, routed)
-            return
-        entry = calls.begin(identity, name, None, None)
-        token = CURRENT.set(entry)
+        metrics = self.gateway.metrics
+        entry = calls.begin(identity, name, None, None) if calls is not None else None
+        token = CURRENT.set(entry) if entry is not None else None
         result: dict[str, Any] | Refusal | None = None
+        started = time.perf_counter()
+        metrics.in_flight += 1
+        seen: list[LeaseClaims | None] = []
         try:
             result = await self._serve(
-                path, scope, receive, send, identity, credential, request, body, name, routed
+                path, scope, receive, send, identity, credential, request, body, name, routed, seen
             )
         finally:
-            CURRENT.reset(token)
-            calls.end(entry, result, "cancelled")
+            metrics.in_flight -= 1
+            metrics.model_duration(time.perf_counter() - started)
+            metrics.model_calls.count(UNKNOWN if routed is None else routed[1], outcome_of(result))
+            if isinstance(result, Refusal):
+                metrics.refused(result)
+                lease = seen[0] if seen else None
+                log_refusal(log, identity, name, None if lease is None else lease.run, result)
+            if calls is not None and entry is not None and token is not None:
+                CURRENT.reset(token)
+                calls.end(entry, result, "cancelled")
 
     async def _serve(
         self,
@@ -161,6 +173,7 @@ class ModelCalls:
         body: bytes,
         name: str,
         routed: tuple[Provider, str] | None,
+        seen: list[LeaseClaims | None],
     ) -> dict[str, Any] | Refusal | None:
         """Steps 1 to 7 (the module's docstring); the call's outcome as the tripwires judge it
         (None: the client went)."""
@@ -171,7 +184,7 @@ class ModelCalls:
             lease_header = next(
                 (v.decode("latin-1") for k, v in scope["headers"] if k == LEASE_HEADER.encode()), None
             )
-        screened = gateway.screen(identity, None, None, lease_header, credential, model)
+        screened = gateway.screen(identity, None, None, lease_header, credential, model, seen)
         if isinstance(screened, Refusal):
             await respond(send, screened)
             return screened

@@ -48,7 +48,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp.types as types
@@ -65,7 +66,9 @@ from haltwire.gateway.leases import LeaseCheck, without_lease
 from haltwire.gateway.outcomes import Outcome
 from haltwire.gateway.stops import stop_refusal
 from haltwire.identity import Identity
+from haltwire.logs import log_refusal
 from haltwire.meta import LEASE_META
+from haltwire.metrics import GatewayMetrics, outcome_of
 from haltwire.refusal import Refusal
 from haltwire.store.counters import CountersUnavailable
 from haltwire.tokens import LeaseClaims
@@ -73,6 +76,9 @@ from haltwire.tripwires.calllog import CURRENT, CallLog, reached
 from haltwire.tripwires.engine import Tripwires
 from haltwire.upstreams import Progress, Route, Upstreams, UpstreamUnavailable
 from haltwire.watch import StopWatch
+
+if TYPE_CHECKING:
+    from haltwire.gateway.tracing import CallTracer
 
 log = logging.getLogger("haltwire.gateway")
 
@@ -111,8 +117,13 @@ class Gateway:
         inflight: InFlight | None = None,
         tripwires: Tripwires | None = None,
         call_log: CallLog | None = None,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self.upstreams = upstreams
+        #: What ``/metrics`` answers; by default, tools any upstream offers get their own label.
+        self.metrics = metrics if metrics is not None else GatewayMetrics(self.known_tool, watch=stops)
+        #: Spans for tool calls (``[tracing]``); None: no tracing module is even imported.
+        self.tracer: CallTracer | None = None
         #: Where each call is recorded (``[call_log]``); None: nothing is.
         self.call_log = call_log
         #: Per-call tripwire rules; None (no rule on): no tripwire work per call.
@@ -140,6 +151,10 @@ class Gateway:
             cached = self._catalogue = (listed, self.intents.catalogue(listed, self.upstreams.label))
         return cached[1]
 
+    def known_tool(self, name: str) -> bool:
+        """Whether ``name`` is a tool this gateway serves (its metrics label others ``unknown``)."""
+        return self.upstreams.route(name) is not None or self._status_tool(name) is not None
+
     def _status_tool(self, name: str) -> IntentDesk | None:
         intents = self.intents
         return intents if name == INTENT_TOOL and intents is not None else None
@@ -153,8 +168,12 @@ class Gateway:
         progress: Progress | None = None,
         lease_header: str | None = None,
         credential: LeaseClaims | None = None,
+        request: tuple[str | int | None, str | None] = (None, None),
     ) -> dict[str, Any] | Refusal:
         """The upstream's result in wire form, or the refusal that replaces it.
+
+        ``request`` is the JSON-RPC request id and the MCP session id (when there is one), for the
+        call's span.
 
         ``lease_header`` is the ``Haltwire-Lease`` header, used when ``meta`` carries no token.
         ``credential`` is a broker credential the edge verified as the bearer token: it stands
@@ -163,13 +182,15 @@ class Gateway:
         """
         calls = self.call_log
         if calls is None:
-            return await self._call(identity, name, arguments, meta, progress, lease_header, credential)
+            return await self._observed(identity, name, arguments, meta, progress, lease_header, credential, request)
         entry = calls.begin(identity, name, arguments, self.upstreams.label(name))
         token = CURRENT.set(entry)
         result: dict[str, Any] | Refusal | None = None
         outcome = "cancelled"
         try:
-            result = await self._call(identity, name, arguments, meta, progress, lease_header, credential)
+            result = await self._observed(
+                identity, name, arguments, meta, progress, lease_header, credential, request
+            )
             return result
         except MCPError:
             result = FAILED
@@ -177,6 +198,46 @@ class Gateway:
         finally:
             CURRENT.reset(token)
             calls.end(entry, result, outcome)
+
+    async def _observed(
+        self,
+        identity: Identity,
+        name: str,
+        arguments: dict[str, Any] | None,
+        meta: dict[str, Any] | None,
+        progress: Progress | None,
+        lease_header: str | None,
+        credential: LeaseClaims | None,
+        request: tuple[str | int | None, str | None],
+    ) -> dict[str, Any] | Refusal:
+        """The call, counted (``haltwire.metrics``), its refusal logged, and traced when on."""
+        metrics = self.metrics
+        tracer = self.tracer
+        span = None if tracer is None else tracer.start(name, meta, *request)
+        started = time.perf_counter()
+        metrics.in_flight += 1
+        seen: list[LeaseClaims | None] = []
+        result: dict[str, Any] | Refusal | None = None
+        error = None
+        try:
+            result = await self._call(identity, name, arguments, meta, progress, lease_header, credential, seen)
+            return result
+        except MCPError as exc:
+            result, error = FAILED, str(exc.code)
+            raise
+        finally:
+            metrics.in_flight -= 1
+            metrics.tool_duration(time.perf_counter() - started)
+            metrics.tool_calls.count(name, outcome_of(result))
+            lease = seen[0] if seen else None
+            if lease is not None:
+                metrics.lease_accepted()
+            if isinstance(result, Refusal):
+                metrics.refused(result)
+                log_refusal(log, identity, name, lease.run if lease is not None else None, result)
+            if span is not None:
+                assert tracer is not None
+                tracer.end(span, result, error)
 
     async def _call(
         self,
@@ -187,8 +248,9 @@ class Gateway:
         progress: Progress | None,
         lease_header: str | None,
         credential: LeaseClaims | None,
+        seen: list[LeaseClaims | None],
     ) -> dict[str, Any] | Refusal:
-        screened = self.screen(identity, name, meta, lease_header, credential)
+        screened = self.screen(identity, name, meta, lease_header, credential, seen=seen)
         if isinstance(screened, Refusal):
             return screened
         lease, meta = screened
@@ -217,12 +279,14 @@ class Gateway:
         lease_header: str | None,
         credential: LeaseClaims | None,
         model: str | None = None,
+        seen: list[LeaseClaims | None] | None = None,
     ) -> tuple[LeaseClaims | None, dict[str, Any] | None] | Refusal:
         """Steps 5 to 5c, before anything is routed or counted: the kill switch, the lease, the
         stops, the tripwires' latch. The one rule for a tool call and a model call (``tool`` None
         and the ``model`` asked for, ``haltwire.gateway.model_calls``: ``model:`` stops reach it,
         no ``tool:`` stop does). Answers the call's lease (None: in no run) and ``meta`` without
-        the lease token, or the refusal."""
+        the lease token, or the refusal; ``seen`` is given the lease once it is verified (so a
+        refusal after that names the run)."""
         if self.suspensions.is_suspended(identity.agent):
             return refusal.agent_suspended(identity.agent)
         lease: LeaseClaims | None = credential
@@ -238,6 +302,8 @@ class Gateway:
             if lease is not None and meta is not None and LEASE_META in meta:
                 meta = without_lease(meta)  # the token is this gateway's, not the upstream's
         run = lease.run if lease is not None else None
+        if seen is not None:
+            seen.append(lease)
         if (entry := CURRENT.get() if self.call_log is not None else None) is not None:
             entry.run = run
         if self.stops is not None and (stopped := stop_refusal(self.stops, identity, tool, lease, model)) is not None:
@@ -345,7 +411,11 @@ class Gateway:
             # upstream request is closed, so the upstream sees the cancellation.
             with call.scope if call is not None else contextlib.nullcontext():
                 with anyio.fail_after(deadline_s):
-                    result = await route.upstream.call_tool(route.tool, arguments, meta, progress)
+                    started = time.perf_counter()
+                    try:
+                        result = await route.upstream.call_tool(route.tool, arguments, meta, progress)
+                    finally:
+                        self.metrics.upstream_duration(route.upstream.name, time.perf_counter() - started)
                 outcome = "failed" if result.get("isError") else "completed"
                 return result
             # Only reached when a stop cancelled the scope: the agent is answered the stop.

@@ -51,8 +51,16 @@ def build_server(gateway: Gateway, version: str) -> Server[Any]:
         if gateway.leases is not None and ctx.request is not None:
             lease_header = ctx.request.headers.get(LEASE_HEADER)
         credential = ctx.request.scope.get("state", {}).get(CREDENTIAL_STATE_KEY) if ctx.request else None
+        session = ctx.request.headers.get("mcp-session-id") if ctx.request is not None else None
         result = await gateway.call_tool(
-            identity_of(ctx), params.name, params.arguments, meta, report, lease_header, credential
+            identity_of(ctx),
+            params.name,
+            params.arguments,
+            meta,
+            report,
+            lease_header,
+            credential,
+            (ctx.request_id, session),
         )
         wire = result.tool_result() if isinstance(result, Refusal) else result
         return types.CallToolResult.model_validate(wire)

@@ -28,6 +28,7 @@ from haltwire.control import runs as runs_rule
 from haltwire.control import wall_clock
 from haltwire.control.config import ControlConfig
 from haltwire.control.errors import Refused, unavailable
+from haltwire.control.metrics import ControlMetrics
 from haltwire.control.notify import receivers
 from haltwire.control.plane import Plane
 from haltwire.control.routes import (
@@ -146,6 +147,7 @@ def create_app(
         telemetry={"tracing": False, "metrics": False, "logs": False, "auto_configure": False},
     )
     app.state.plane = plane
+    app.state.metrics = ControlMetrics(plane)
     app.state.dashboard_sessions = dashboard.Sessions(config.dashboard.session_s)
     app.state.dashboard_board = dashboard.Board()
     return app

@@ -20,8 +20,11 @@ from starlette.types import Receive, Scope, Send
 
 from haltwire.control.access import authenticate
 from haltwire.control.errors import Refused
+from haltwire.control.metrics import ControlMetrics
 from haltwire.control.plane import Plane
 from haltwire.control.routes.dashboard.sessions import LISTENER_KEY
+from haltwire.control.routes.metrics import PATH as METRICS_PATH
+from haltwire.control.routes.metrics import serve_metrics
 from haltwire.control.routes.wire import answer
 
 log = logging.getLogger("haltwire.control")
@@ -66,10 +69,17 @@ class OnlyRoles:
 
 
 class AdminOnly(OnlyRoles):
-    """The admin listener: operators, tripwires and viewers."""
+    """The admin listener: operators, tripwires and viewers; and ``/metrics``, served here only."""
 
     def __init__(self, app: Starlette) -> None:
         super().__init__(app, ADMIN_ROLES, "admin")
+        self.metrics: ControlMetrics = app.state.metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == METRICS_PATH and scope["method"] == "GET":
+            await serve_metrics(self.metrics, scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
 
 
 class EnforcementOnly(OnlyRoles):

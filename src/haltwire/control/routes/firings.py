@@ -36,6 +36,8 @@ async def record_firing(request: Request) -> Response:
     who = await caller(request, firings.RECORD, write=True)
     asked = await body(request, who, FiringBody, firings.RECORD)
     done = await firings.record(plane_of(request), who, firings.Firing(**asked.model_dump()))
+    if done:
+        request.app.state.metrics.tripwire_firings()
     answer: FiringRecorded = {"recorded": done}
     return JSONResponse(answer)
 

@@ -67,6 +67,10 @@ class IntentStore(Protocol):
         """Intents, oldest first, of one run and/or in some states (``None``: any)."""
         ...
 
+    async def count_by_state(self) -> dict[str, int]:
+        """How many intents are in each state."""
+        ...
+
     async def claim_next(self, executor: str, now: float) -> Intent | None:
         """Claim the oldest pending intent for ``executor``; no two executors claim one intent."""
         ...

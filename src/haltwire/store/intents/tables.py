@@ -69,6 +69,11 @@ class SqlIntentStore(Store):
     ) -> builtins.list[Intent]:
         return await self._rows(*list_query(run_id, states, limit))
 
+    async def count_by_state(self) -> dict[str, int]:
+        """How many intents are in each state (for ``/metrics``)."""
+        rows = await self._db.all("SELECT state, COUNT(*) FROM intents GROUP BY state", ())
+        return {str(state): int(n) for state, n in rows}
+
     async def claim_next(self, executor: str, now: float) -> Intent | None:
         # One statement: atomic on its own, in either backend.
         rows = await self._written(QUERIES["claim_next"], (claimant(executor), now, now))
