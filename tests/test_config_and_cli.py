@@ -161,7 +161,7 @@ def test_the_example_control_config_is_valid() -> None:
 
     config = load_control_config(Path(__file__).parent.parent / "examples" / "control.toml")
     assert config.registry.backend == "sqlite" and config.registry.path.is_absolute()
-    assert {i.role for i in config.identities} == {"operator", "tripwire", "gateway", "executor", "agent"}
+    assert {i.role for i in config.identities} == {"operator", "viewer", "tripwire", "gateway", "executor", "agent"}
 
 
 def test_a_taken_port_is_one_sentence_and_exit_1_for_the_gateway_and_the_control_plane(
