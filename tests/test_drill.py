@@ -17,24 +17,10 @@ from typing import Any
 
 import pytest
 
+from drill_harness import drill
+
 #: The stop rungs take the scope kinds round-robin: three reps of two rungs cover all six.
 KINDS = {"run", "tenant", "agent", "version", "global", "tool"}
-
-
-def drill(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    """``haltwire drill --embedded ARGS`` to its exit; past ``timeout``, SIGTERM (the drill takes
-    its stack down on it) and the test fails."""
-    command = [sys.executable, "-m", "haltwire", "drill", "--embedded", *args]
-    with subprocess.Popen(
-        command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    ) as child:
-        try:
-            out, err = child.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            child.terminate()
-            out, err = child.communicate(timeout=30)
-            pytest.fail(f"the drill ran past {timeout:g} s; its stderr:\n{err}")
-    return subprocess.CompletedProcess(command, child.returncode, out, err)
 
 
 @pytest.mark.timeout(120)

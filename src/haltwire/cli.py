@@ -412,6 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--reps", type=int, default=5, help="stops per rung (default 5)")
     dr.add_argument("--rungs", default="sdk,gateway,fail_closed", help="the rungs, comma-separated (default: all)")
     dr.add_argument("--json", action="store_true", help="print the figures as JSON")
+    dr.add_argument("--html", type=Path, default=None, metavar="FILE", help="write a self-contained HTML report")
     dr.add_argument("--seed", type=int, default=None, help="seed the random moments of the stops")
     # Tests: break the gateway rung on purpose (a gateway without [control] nor [leases], or none).
     dr.add_argument("--break", dest="broken", choices=["gateway-without-control", "no-gateway"], help=argparse.SUPPRESS)

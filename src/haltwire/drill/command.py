@@ -1,4 +1,4 @@
-"""``haltwire drill --embedded [--reps N] [--rungs R,...] [--json] [--seed S]``.
+"""``haltwire drill --embedded [--reps N] [--rungs R,...] [--json] [--html FILE] [--seed S]``.
 
 In this order:
 
@@ -12,8 +12,8 @@ In this order:
 4. the canary upstream's whole record is counted, the control plane asked what the drill left
    behind (its stops still active, its runs not ended: both 0), the stack taken down with its
    temporary directory;
-5. the figures are printed (a table, or ``--json``), then a sentence for each broken rung and
-   each missed target.
+5. the figures are printed (a table, or ``--json``; with ``--html FILE`` also the report,
+   ``drill.html``), then a sentence for each broken rung and each missed target.
 
 Exit status: 0 when every rung met the class's ``time_to_stop_s``, 1 when a target was missed or
 a rung is broken, 2 for bad usage, 130 when interrupted (Ctrl-C or SIGTERM: the stack is taken
@@ -28,6 +28,7 @@ import logging
 import random
 import signal
 import sys
+from datetime import UTC, datetime
 from typing import Final
 
 import anyio
@@ -35,8 +36,10 @@ import httpx2
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from haltwire import __version__
 from haltwire.demo.processes import StackFailed
 from haltwire.drill.figures import Rep, RungSummary, summarize, table, to_json
+from haltwire.drill.html import render
 from haltwire.drill.rungs import RUNGS, SCOPE_KINDS, Drill, RungBroken, operator_client
 from haltwire.drill.stack import AGENT_CLASS, CLASS_TIMING, running_stack
 from haltwire.errors import unwrapped
@@ -64,7 +67,10 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("haltwire.runtime").setLevel(logging.ERROR)
     # SIGTERM as Ctrl-C: the stack's processes are taken down either way (``running_stack``).
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    if args.html is not None and not args.html.parent.is_dir():
+        return _usage(f"--html {args.html}: its directory does not exist")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
     err = Console(stderr=True)
     try:
         reps, broken, total, left = anyio.run(_drill, rungs, args.reps, seed, args.broken, err)
@@ -78,12 +84,15 @@ def run(args: argparse.Namespace) -> int:
     for rung in broken:  # a rung broken before its first rep was measured
         if not any(s.rung == rung for s in summaries):
             summaries.append(RungSummary(rung, [], CLASS_TIMING["time_to_stop_s"]))
+    data = to_json(summaries, total, seed)
+    data["broken"] = broken
+    data["left_behind"] = left
+    data["agent_class"] = {"name": AGENT_CLASS, **CLASS_TIMING}
+    data["ok"] = data["ok"] and not broken and not any(left.values())
+    data.update(reps=args.reps, started_at=started_at, haltwire_version=__version__, stack="embedded")
+    if args.html is not None:
+        args.html.write_text(render(data), encoding="utf-8")
     if args.json:
-        data = to_json(summaries, total, seed)
-        data["broken"] = broken
-        data["left_behind"] = left
-        data["agent_class"] = {"name": AGENT_CLASS, **CLASS_TIMING}
-        data["ok"] = data["ok"] and not broken and not any(left.values())
         print(json.dumps(data, indent=2))
     else:
         err.print(f"seed {seed} (--seed {seed} stops at the same moments)")

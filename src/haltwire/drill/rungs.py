@@ -135,6 +135,7 @@ class Drill:
             effects_after=[what for _, what in after],
             served_seen=run.served,
             refused_before_stop=len(run.early),
+            effects_at_s=[round(t - ack, 4) for t, _ in effects],
         )  # fmt: skip
 
     async def _started(self, rung: str, run: CanaryRun) -> None:
