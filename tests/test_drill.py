@@ -31,7 +31,7 @@ def test_a_short_drill_measures_every_rung_and_agrees_with_the_canary_record() -
     rungs = {r["rung"]: r for r in data["rungs"]}
     assert list(rungs) == ["sdk", "gateway", "fail_closed"]
     assert data["ok"] is True and data["broken"] == {}
-    assert data["left_behind"] == {"active_stops": 0, "runs_not_ended": 0}
+    assert data["left_behind"] == {"active_stops": 0, "runs_not_ended": 0, "unmarked_records": 0}
     assert set(rungs["sdk"]["scope_kinds"]) | set(rungs["gateway"]["scope_kinds"]) == KINDS
     assert rungs["fail_closed"]["scope_kinds"] == ["unreachable"]
     target = data["agent_class"]["time_to_stop_s"]

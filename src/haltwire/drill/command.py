@@ -28,8 +28,11 @@ import logging
 import random
 import signal
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Final
+from typing import Any, Final
 
 import anyio
 import httpx2
@@ -40,8 +43,18 @@ from haltwire import __version__
 from haltwire.demo.processes import StackFailed
 from haltwire.drill.figures import Rep, RungSummary, summarize, table, to_json
 from haltwire.drill.html import render
+from haltwire.drill.remote import KINDS as REMOTE_KINDS
+from haltwire.drill.remote import (
+    NO_FAIL_CLOSED,
+    RemoteStack,
+    TargetMissing,
+    check,
+    read_tokens,
+    running_remote,
+    unmarked,
+)
 from haltwire.drill.rungs import RUNGS, SCOPE_KINDS, Drill, RungBroken, operator_client
-from haltwire.drill.stack import AGENT_CLASS, CLASS_TIMING, running_stack
+from haltwire.drill.stack import AGENT_CLASS, CLASS_TIMING, Target, running_stack
 from haltwire.errors import unwrapped
 from haltwire.runtime import ControlRefused, ControlUnreachable, StopRequested
 
@@ -54,10 +67,58 @@ def _usage(message: str) -> int:
     return 2
 
 
+@dataclass
+class Plan:
+    """What is drilled: the stack (its own, or a running one), the scope kinds taken round-robin,
+    the rungs that cannot run on it (and why), and the agent class judged."""
+
+    opened: Callable[[], AbstractContextManager[Target]]
+    kinds: tuple[str, ...] = SCOPE_KINDS
+    skipped: dict[str, str] = field(default_factory=dict)
+    agent_class: dict[str, Any] = field(default_factory=lambda: {"name": AGENT_CLASS, **CLASS_TIMING})
+    label: str = "embedded"
+    #: A running stack's start-up check (``drill.remote.check``); None for the drill's own.
+    remote: bool = False
+    #: The target when given (``--target-s``); None: the class's.
+    target: float | None = None
+
+    @property
+    def target_s(self) -> float:
+        return float(self.agent_class["time_to_stop_s"])
+
+
+def _plan(args: argparse.Namespace) -> Plan | str:
+    """The plan, or a sentence saying what is wrong with the arguments."""
+    running = [args.control, args.agents, args.gateway, args.token_file]
+    if args.embedded:
+        if any(v is not None for v in running):
+            return "--embedded drills a stack of its own: drop --control, --agents, --gateway and --token-file"
+        return Plan(lambda: running_stack(broken=args.broken))
+    if all(v is None for v in running):
+        return "give --embedded, or a running stack's --control, --agents, --gateway and --token-file"
+    if any(v is None for v in running):
+        return "drilling a running stack needs --control, --agents, --gateway and --token-file"
+    if args.broken is not None:
+        return "--break is for --embedded"
+    if args.target_s is not None and args.target_s <= 0:
+        return f"--target-s must be more than 0, not {args.target_s:g}"
+    try:
+        tokens = read_tokens(args.token_file)
+    except ValueError as exc:
+        return str(exc)
+    canary = args.canary_url if args.canary_url is not None else (args.canary_host, args.canary_port)
+    return Plan(
+        lambda: running_remote(args.control, args.agents, args.gateway, tokens, canary),
+        kinds=REMOTE_KINDS, skipped={"fail_closed": NO_FAIL_CLOSED}, agent_class={"name": AGENT_CLASS},
+        label=f"running: control {args.control}, gateway {args.gateway}", remote=True, target=args.target_s,
+    )  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> int:
     rungs = [r.strip() for r in str(args.rungs).split(",") if r.strip()]
-    if not args.embedded:
-        return _usage("this version drills only a stack it starts itself: give --embedded")
+    plan = _plan(args)
+    if isinstance(plan, str):
+        return _usage(plan)
     if args.reps < 1:
         return _usage(f"--reps must be at least 1, not {args.reps}")
     unknown = [r for r in rungs if r not in RUNGS]
@@ -73,23 +134,27 @@ def run(args: argparse.Namespace) -> int:
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     err = Console(stderr=True)
     try:
-        reps, broken, total, left = anyio.run(_drill, rungs, args.reps, seed, args.broken, err)
+        reps, broken, total, left = anyio.run(_drill, plan, rungs, args.reps, seed, err)
     except StackFailed as exc:
         print(f"haltwire drill: the stack did not start: {exc}", file=sys.stderr)
+        return 1
+    except TargetMissing as exc:
+        print(f"haltwire drill: the stack is not ready for a drill: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("haltwire drill: interrupted; its stack is down", file=sys.stderr)
         return 130
-    summaries = summarize(reps, CLASS_TIMING["time_to_stop_s"])
-    for rung in broken:  # a rung broken before its first rep was measured
+    summaries = summarize(reps, plan.target_s)
+    for rung in rungs:  # a rung skipped, or broken before its first rep was measured
         if not any(s.rung == rung for s in summaries):
-            summaries.append(RungSummary(rung, [], CLASS_TIMING["time_to_stop_s"]))
+            summaries.append(RungSummary(rung, [], plan.target_s, skipped=plan.skipped.get(rung)))
+    summaries.sort(key=lambda s: rungs.index(s.rung))
     data = to_json(summaries, total, seed)
     data["broken"] = broken
     data["left_behind"] = left
-    data["agent_class"] = {"name": AGENT_CLASS, **CLASS_TIMING}
+    data["agent_class"] = plan.agent_class
     data["ok"] = data["ok"] and not broken and not any(left.values())
-    data.update(reps=args.reps, started_at=started_at, haltwire_version=__version__, stack="embedded")
+    data.update(reps=args.reps, started_at=started_at, haltwire_version=__version__, stack=plan.label)
     if args.html is not None:
         args.html.write_text(render(data), encoding="utf-8")
     if args.json:
@@ -100,15 +165,20 @@ def run(args: argparse.Namespace) -> int:
         if not out.is_terminal:  # a file or a pipe: the table whole, not cut to 80 columns
             out = Console(width=120)
         out.print(table(summaries))
-    return _verdict(summaries, broken, left, err)
+    return _verdict(summaries, broken, left, plan, err)
 
 
-def _verdict(summaries: list[RungSummary], broken: dict[str, str], left: dict[str, int], err: Console) -> int:
+def _verdict(
+    summaries: list[RungSummary], broken: dict[str, str], left: dict[str, int | None], plan: Plan, err: Console
+) -> int:
     ok = not any(left.values())
     if not ok:
         err.print(
-            f"[red]the drill left behind {left['active_stops']} stops and {left['runs_not_ended']} runs[/red]"
+            f"[red]the drill left behind {left['active_stops']} stops and {left['runs_not_ended']} runs, "
+            f"and {left.get('unmarked_records')} audit records not marked as drill data[/red]"
         )
+    for rung, why in plan.skipped.items():
+        err.print(f"[yellow]the {rung} rung was skipped: {why}[/yellow]")
     for sentence in broken.values():
         err.print(f"[red]{sentence}[/red]")
         ok = False
@@ -121,25 +191,33 @@ def _verdict(summaries: list[RungSummary], broken: dict[str, str], left: dict[st
             ok = False
     if ok:
         err.print(
-            f"every rung met time_to_stop_s {CLASS_TIMING['time_to_stop_s']:g} s (agent class {AGENT_CLASS})"
+            f"every rung met time_to_stop_s {plan.target_s:g} s (agent class {AGENT_CLASS})"
         )
     return 0 if ok else 1
 
 
 async def _drill(
-    rungs: list[str], reps: int, seed: int, break_: str | None, err: Console
-) -> tuple[list[Rep], dict[str, str], int, dict[str, int]]:
+    plan: Plan, rungs: list[str], reps: int, seed: int, err: Console
+) -> tuple[list[Rep], dict[str, str], int, dict[str, int | None]]:
     """Steps 2 to 4 of the module's docstring: the reps, the broken rungs' sentences, the size of
-    the canary's record, and what the drill left behind (its active stops, its runs not ended)."""
+    the canary's record, and what the drill left behind (its active stops, its runs not ended,
+    the audit records of its runs and stops not marked as drill data)."""
     out: list[Rep] = []
     broken: dict[str, str] = {}
-    kinds = iter(SCOPE_KINDS[k % len(SCOPE_KINDS)] for k in range(10**9))
-    with running_stack(broken=break_) as stack:
+    kinds = iter(plan.kinds[k % len(plan.kinds)] for k in range(10**9))
+    with plan.opened() as stack:
         async with (
             operator_client(stack) as operator,
             httpx2.AsyncClient(base_url=stack.canary_url, timeout=5.0) as canary,
         ):
-            drill = Drill(stack, operator, canary, random.Random(seed))
+            checked: list[str] = []
+            if isinstance(stack, RemoteStack):
+                ttl_s, check_run = await check(stack)
+                checked.append(check_run)
+                target = plan.target if plan.target is not None else ttl_s
+                plan.agent_class.update(ttl_s=ttl_s, time_to_stop_s=target)
+            drill = Drill(stack, operator, canary, random.Random(seed), target=plan.target_s)
+            before = await drill.total_recorded()  # a canary kept running has drilled before
             columns = (
                 TextColumn("{task.description}"),
                 BarColumn(),
@@ -147,7 +225,7 @@ async def _drill(
                 TimeElapsedColumn(),
             )
             with Progress(*columns, console=err, transient=True) as progress:
-                for rung in rungs:
+                for rung in (r for r in rungs if r not in plan.skipped):
                     task = progress.add_task(f"drill: {rung}", total=reps)
                     for n in range(reps):
                         try:
@@ -173,6 +251,8 @@ async def _drill(
                         if sentences:
                             broken[rung] = str(sentences[0])
                             break
-            total = await drill.total_recorded()
-            left = await drill.left_behind([r.run_id for r in out])
+            total = await drill.total_recorded() - before
+            left: dict[str, int | None] = dict(await drill.left_behind([r.run_id for r in out] + checked))
+            stops = [(r.stop_id, r.scope) for r in out if r.stop_id is not None]
+            left["unmarked_records"] = await unmarked(operator, [r.run_id for r in out] + checked, stops)
     return out, broken, total, left

@@ -52,6 +52,8 @@ class Rep:
     refused_before_stop: int = 0
     #: Why this rep could not be measured, as a sentence naming the rung; None when it was.
     broken: str | None = None
+    #: The stop the drill issued for this rep (None: fail_closed, whose stop is a pause).
+    stop_id: str | None = None
     #: Every side effect of the run the canary upstream recorded, in seconds from the stop's
     #: acknowledgement (negative before it): what the report's timeline plots.
     effects_at_s: list[float] = field(default_factory=list)

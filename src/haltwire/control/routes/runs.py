@@ -104,15 +104,18 @@ async def latest_checkpoint(request: Request, run_id: RunId) -> Response:
 async def get_run(request: Request, run_id: RunId) -> Response:
     """One run"""
     who = await caller(request, "run.read")
-    run = await runs.run_for(plane_of(request), who, run_id, "run.read", audit=False)
-    return JSONResponse(run_json(run))
+    plane = plane_of(request)
+    run = await runs.run_for(plane, who, run_id, "run.read", audit=False)
+    return JSONResponse(run_json(run) | {"drill": plane.drills.of_tenant(run.tenant)})
 
 
 async def list_runs(request: Request) -> Response:
     """The most recently registered runs, newest first"""
     await caller(request, "runs.list")
     limit = query_limit(request, most=MAX_ITEMS)
-    return JSONResponse({"runs": [run_json(r) for r in await plane_of(request).open.runs.list(limit)]})
+    plane = plane_of(request)
+    listed = await plane.open.runs.list(limit)
+    return JSONResponse({"runs": [run_json(r) | {"drill": plane.drills.of_tenant(r.tenant)} for r in listed]})
 
 
 #: A run just registered can be read, renewed, checkpointed, reported and ended through these links.
