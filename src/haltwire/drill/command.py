@@ -1,23 +1,26 @@
-"""``haltwire drill --embedded [--reps N] [--rungs R,...] [--json] [--html FILE] [--seed S]``.
+"""``haltwire drill`` (``--embedded``, or a running stack's ``--control``, ``--agents``,
+``--gateway`` and ``--token-file``) ``[--reps N] [--rungs R,...] [--json] [--html FILE] [--seed S]``.
 
 In this order:
 
-1. the arguments are checked (exit 2 and a sentence for bad usage: this slice drills only the
-   stack it starts itself, ``--embedded``);
-2. the stack starts (``drill.stack``);
+1. the arguments are checked (exit 2 and a sentence for bad usage, a bad token file among it);
+2. the stack starts (``drill.stack``), or for a running stack its canary, and ``drill.remote``
+   checks that the stack has what a drill needs (exit 1 and a sentence naming what is missing);
 3. each rung runs its ``--reps`` reps (``drill.rungs``), a progress bar on stderr; the stop
-   rungs take the scope kinds round-robin (run, tenant, agent, version, global, tool), so three
-   reps of ``sdk`` and ``gateway`` cover every kind; a rep that cannot be measured ends its rung
-   (broken) and the drill goes on with the next;
-4. the canary upstream's whole record is counted, the control plane asked what the drill left
-   behind (its stops still active, its runs not ended: both 0), the stack taken down with its
-   temporary directory;
+   rungs take the scope kinds round-robin (run, tenant, agent, version, global, tool; a running
+   stack's without ``global``), so three reps of ``sdk`` and ``gateway`` cover every kind; a rep
+   that cannot be measured ends its rung (broken) and the drill goes on with the next; a rung
+   the stack cannot run (``fail_closed`` on a running stack) is skipped, saying why;
+4. the canary upstream's record of the drill is counted, the control plane asked what the drill
+   left behind (its stops still active, its runs not ended, the audit records of its runs and
+   stops not marked as drill data: all 0), its processes taken down (the embedded stack with its
+   temporary directory);
 5. the figures are printed (a table, or ``--json``; with ``--html FILE`` also the report,
-   ``drill.html``), then a sentence for each broken rung and each missed target.
+   ``drill.html``), then a sentence for each broken rung, skipped rung and missed target.
 
-Exit status: 0 when every rung met the class's ``time_to_stop_s``, 1 when a target was missed or
-a rung is broken, 2 for bad usage, 130 when interrupted (Ctrl-C or SIGTERM: the stack is taken
-down first).
+Exit status: 0 when every rung met the class's ``time_to_stop_s``, 1 when a target was missed, a
+rung is broken or the drill left something behind, 2 for bad usage, 130 when interrupted (Ctrl-C
+or SIGTERM: the stack is taken down first).
 """
 
 from __future__ import annotations

@@ -268,6 +268,8 @@ def rung_section(data: Mapping[str, Any], rung: Mapping[str, Any]) -> str:
     if rung.get("skipped"):
         out.append(f'<p class="note">skipped: {escape(str(rung["skipped"]))}</p>')
     out.extend(f'<p class="sentence">{escape(str(s))}</p>' for s in rung.get("broken") or [])
+    if not _reps(rung):  # nothing measured: the empty timeline says why
+        return "".join([*out, timeline(rung, target), "</section>"])
     out.append(
         '<p class="legend"><span><i class="sw" style="background:#3b6fb6"></i>side effect</span>'
         '<span><i class="sw" style="background:#e8710a"></i>after the stop</span>'
