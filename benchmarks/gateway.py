@@ -71,8 +71,13 @@ TOOL = "lookup_order"
 #: Every call looks up another order (so the ``repeated_calls`` rule does not trip) and carries
 #: an amount (so the money rule counts it); the demo upstream ignores ``amount_cents``.
 AMOUNT_CENTS = 5
-VARIANTS = ["direct", "haltwire", "haltwire+5tw", "bare", "bare+schema", "fastmcp"]
+VARIANTS = ["direct", "haltwire", "haltwire+5tw", "haltwire-hs", "bare", "bare+schema", "fastmcp"]
 TRIPWIRES = "haltwire+5tw"
+#: A session-keeping client's calls take the fast path too: about the CPU of a sessionless one's.
+MAX_HANDSHAKE_CPU_RATIO = 1.25
+#: The same gateway as "haltwire", called by a session-keeping client (the initialize handshake,
+#: protocol 2025-11-25), as the TypeScript SDK 1.x and the MCP Inspector always are.
+HANDSHAKE = "haltwire-hs"
 #: The target: the five rules cost at most this much of haltwire's p50 without them.
 MAX_TRIPWIRE_RATIO = 1.10
 LEASE_SECRET = "bench-lease-key-never-in-production-0123456789"
@@ -384,7 +389,7 @@ class VariantStats:
 
 
 @contextlib.asynccontextmanager
-async def mcp_client(url: str, lease: str | None = None) -> AsyncIterator[Any]:
+async def mcp_client(url: str, lease: str | None = None, mode: str = "auto") -> AsyncIterator[Any]:
     """The official MCP client over streamable HTTP, with a bearer token (and ``lease`` in the
     ``Haltwire-Lease`` header on every request), no response cache."""
     from mcp import Client
@@ -398,7 +403,7 @@ async def mcp_client(url: str, lease: str | None = None) -> AsyncIterator[Any]:
         timeout=httpx2.Timeout(30.0, read=60.0),
         limits=httpx2.Limits(max_connections=64, max_keepalive_connections=64),
     )
-    async with http, Client(streamable_http_client(url, http_client=http), cache=None) as client:
+    async with http, Client(streamable_http_client(url, http_client=http), cache=None, mode=mode) as client:
         # List once, as an agent does: the client validates structured results against the
         # listed output schema (it would otherwise list on the first call).
         await client.list_tools()
@@ -484,7 +489,7 @@ async def bench_calls(
             "fastmcp": [*serve, "fastmcp", "--upstream", upstream_mcp, "--port", "{port}"],
         }
         for name, cmd in commands.items():
-            if name not in opts.variants:
+            if name not in opts.variants and not (name == "haltwire" and HANDSHAKE in opts.variants):
                 continue
             port = free_port()
             log = workdir / f"{name.replace('+', '-')}.log"
@@ -492,6 +497,8 @@ async def bench_calls(
             base = f"http://{HOST}:{port}"
             await wait_ready(f"{base}/mcp", procs[-1], log)
             servers[name] = Proc(name, f"{base}/mcp", procs[-1])
+        if HANDSHAKE in opts.variants and "haltwire" in servers:
+            servers[HANDSHAKE] = servers["haltwire"]
 
         names = [v for v in VARIANTS if v in opts.variants]
         stats = {v: VariantStats() for v in names}
@@ -499,7 +506,11 @@ async def bench_calls(
             lease = lease_token()
             clients = {
                 v: await stack.enter_async_context(
-                    mcp_client(servers[v].url, lease if v == TRIPWIRES else None)
+                    mcp_client(
+                        servers[v].url,
+                        lease if v == TRIPWIRES else None,
+                        mode="legacy" if v == HANDSHAKE else "auto",
+                    )
                 )
                 for v in names
             }
@@ -671,6 +682,21 @@ def report_calls(
             checks.append(("haltwire faster than fastmcp (throughput)", tput["haltwire"] > tput["fastmcp"]))
         if errors:
             checks.append(("every call answered correctly", False))
+    if "haltwire" in stats and HANDSHAKE in stats:
+        h, hs = stats["haltwire"], stats[HANDSHAKE]
+        cpu_ratio = (hs.proxy_cpu_s / hs.proxy_cpu_calls) / (h.proxy_cpu_s / h.proxy_cpu_calls)
+        print()
+        print(
+            f"    session-keeping client ({HANDSHAKE}) against sessionless (haltwire), same gateway: "
+            f"p50 {p50[HANDSHAKE] / p50['haltwire']:.2f}x, gateway CPU per call {cpu_ratio:.2f}x; "
+            f"target CPU <= {MAX_HANDSHAKE_CPU_RATIO:.2f}x (both on the fast path)"
+        )
+        checks.append(
+            (
+                f"session-keeping clients' gateway CPU per call <= {MAX_HANDSHAKE_CPU_RATIO:.2f}x sessionless",
+                cpu_ratio <= MAX_HANDSHAKE_CPU_RATIO,
+            )
+        )
     if "haltwire" in stats and TRIPWIRES in stats:
         ratio = p50[TRIPWIRES] / p50["haltwire"]
         per_round = [

@@ -18,14 +18,10 @@ its token would send them, and the 4xx must be the Host check's 421, not a 401.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import platform
-import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
 
@@ -35,6 +31,7 @@ import pytest
 
 from haltwire.serve import serving
 from harness import TOKENS, config_dict, running_gateway, running_upstream, service_missing
+from npm_harness import install_dir, installed_version, locked, node_and_npm, npm_install
 
 pytestmark = pytest.mark.anyio
 
@@ -46,11 +43,6 @@ NODE_MAJOR: Final = 22
 REPO: Final = Path(__file__).resolve().parents[1]
 
 _HOP_BY_HOP: Final = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length"})
-
-
-def install_dir() -> Path:
-    venv = REPO / ".venv"
-    return venv / "conformance" if venv.is_dir() else Path.home() / ".cache" / "haltwire" / "conformance"
 
 
 def node_major(node: str) -> int:
@@ -70,34 +62,10 @@ def node_package() -> str | None:
     return f"node-{os_name}-{arch}" if os_name and arch else None
 
 
-@contextmanager
-def locked(directory: Path) -> Iterator[None]:
-    """One installer at a time (pytest runs in several worktrees may share the directory)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    with (directory / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def installed_version(directory: Path) -> str | None:
-    manifest = directory / "node_modules" / PACKAGE / "package.json"
-    try:
-        version = json.loads(manifest.read_text())["version"]
-    except (OSError, ValueError, KeyError):
-        return None
-    return str(version)
-
-
 def conformance_cli() -> list[str]:
     """The command that runs the suite: ``[node, .../dist/index.js]``, installed if need be."""
-    npm, system_node = shutil.which("npm"), shutil.which("node")
-    if npm is None or system_node is None:
-        service_missing("npm and Node.js (for the MCP conformance suite)")
-        raise AssertionError("unreachable")
-    directory = install_dir()
+    system_node, _ = node_and_npm()
+    directory = install_dir("conformance")
     wanted = [f"{PACKAGE}@{VERSION}"]
     node = system_node
     if node_major(system_node) < NODE_MAJOR:
@@ -107,25 +75,8 @@ def conformance_cli() -> list[str]:
         node = str(directory / "node_modules" / str(package) / "bin" / "node")
         wanted.append(f"{package}@{NODE_MAJOR}")
     with locked(directory):
-        if installed_version(directory) != VERSION or node_major(node) < NODE_MAJOR:
-            done = subprocess.run(
-                [
-                    npm,
-                    "install",
-                    "--prefix",
-                    str(directory),
-                    "--no-audit",
-                    "--no-fund",
-                    "--loglevel=error",
-                    *wanted,
-                ],
-                capture_output=True,
-                text=True,
-                timeout=300,
-                check=False,
-            )
-            if done.returncode != 0:
-                service_missing(f"the npm package {PACKAGE}@{VERSION} ({done.stderr.strip()[-500:]})")
+        if installed_version(directory, PACKAGE) != VERSION or node_major(node) < NODE_MAJOR:
+            npm_install(directory, wanted)
     return [node, str(directory / "node_modules" / PACKAGE / "dist" / "index.js")]
 
 

@@ -35,7 +35,9 @@ async def _marks(page: Page, rung: str, selector: str = "circle.effect") -> int:
 @pytest.mark.timeout(150)
 async def test_a_real_drills_report_plots_every_side_effect_the_canary_recorded(tmp_path: Path) -> None:
     report = tmp_path / "drill.html"
-    done = drill("--reps", "2", "--json", "--html", str(report), "--seed", "11")
+    # A rung of each kind of record: the canary upstream's, the canary targets' (model), a pause.
+    done = drill("--reps", "2", "--rungs", "sdk,gateway,model,fail_closed", "--json", "--html", str(report),
+                 "--seed", "11", timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     data: dict[str, Any] = json.loads(done.stdout)
     html = report.read_text()
@@ -46,7 +48,7 @@ async def test_a_real_drills_report_plots_every_side_effect_the_canary_recorded(
         page.on("request", lambda r: requests.append(r.url))
         await _open(page, report, tmp_path / "drill.png")
         assert all(url.startswith("file://") for url in requests), requests
-        assert await page.locator("svg.timeline").count() == len(data["rungs"]) == 3
+        assert await page.locator("svg.timeline").count() == len(data["rungs"]) == 4
         for rung in data["rungs"]:
             name = rung["rung"]
             # One mark per side effect the canary upstream recorded for the rung's runs.

@@ -58,11 +58,14 @@ def test_a_drill_of_a_running_stack_measures_its_rungs_and_leaves_only_marked_dr
         done = drill(*stack.args(stack.token_file(tmp_path)), "--reps", "3", "--json", "--seed", "4",
                      embedded=False, timeout=150)  # fmt: skip
         assert done.returncode == 0, done.stderr
-        assert "the fail_closed rung was skipped" in done.stderr
+        assert "the fail_closed rung is skipped: the drill cannot make a control plane" in done.stderr
         data: dict[str, Any] = json.loads(done.stdout)
         rungs = {r["rung"]: r for r in data["rungs"]}
-        assert list(rungs) == ["sdk", "gateway", "fail_closed"]
-        assert rungs["fail_closed"]["verdict"] == "skipped" and rungs["fail_closed"]["samples"] == 0
+        skipped = ["model", "broker", "egress", "executor", "fail_closed"]
+        assert list(rungs) == ["sdk", "gateway", *skipped] and sorted(data["skipped"]) == sorted(skipped)
+        for name in skipped:  # their parts are the drill's own stack's, or its control plane
+            assert rungs[name]["verdict"] == "skipped" and rungs[name]["samples"] == 0
+            assert f"the {name} rung is skipped: " in data["skipped"][name] == rungs[name]["skipped"]
         kinds = set(rungs["sdk"]["scope_kinds"]) | set(rungs["gateway"]["scope_kinds"])
         assert kinds == {"run", "tenant", "agent", "version", "tool"}  # never global on a running stack
         assert data["agent_class"] == {"name": "canary", "ttl_s": 3.0, "time_to_stop_s": 3.0}

@@ -144,6 +144,15 @@ def test_the_drill_is_a_client_of_the_other_processes() -> None:
             assert {t for t in targets if t.startswith(internals)} == set(), module
 
 
+def test_haltwire_up_is_a_client_of_the_other_processes() -> None:
+    # It starts them as processes and talks to them over HTTP and MCP: no internals of theirs.
+    assert any(m.startswith("haltwire.up.") for m in GRAPH)
+    internals = ("haltwire.gateway", "haltwire.control", "haltwire.store", "haltwire.executor", "haltwire.egress")
+    for module, targets in GRAPH.items():
+        if module.startswith("haltwire.up"):
+            assert {t for t in targets if t.startswith(internals)} == set(), module
+
+
 def test_the_store_imports_no_process() -> None:
     for module, targets in GRAPH.items():
         if module.startswith("haltwire.store"):

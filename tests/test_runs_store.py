@@ -154,3 +154,12 @@ async def test_a_closed_store_and_an_unreachable_server_are_unavailable(tmp_path
         await runs.get("r1")
     with pytest.raises(RegistryUnavailable):
         await PostgresRunStore.open("postgresql://postgres@127.0.0.1:1/test", connect_timeout=1)
+
+
+async def test_the_latest_lease_grant_of_each_run_is_kept_and_an_older_one_changes_nothing(runs: RunStore) -> None:
+    # More runs than one statement writes: every batch lands.
+    await runs.note_grants({f"run-{i}": (NOW + i, NOW + i + 15) for i in range(250)})
+    await runs.note_grants({"run-1": (NOW + 100, NOW + 115), "run-2": (NOW - 50, NOW - 35)})
+    got = await runs.grants(["run-1", "run-2", "run-249", "run-none"])
+    assert got == {"run-1": (NOW + 100, NOW + 115), "run-2": (NOW + 2, NOW + 17), "run-249": (NOW + 249, NOW + 264)}
+    assert await runs.grants([]) == {}

@@ -12,12 +12,14 @@ import json
 from typing import Any, cast
 
 import anyio
+import httpx2
 import mcp.types as types
 import pytest
 from mcp.server.lowlevel import Server
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
-from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND
+from mcp.types import LATEST_PROTOCOL_VERSION, PROTOCOL_VERSION_META_KEY
+from mcp_types import HEADER_MISMATCH, INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND
 
 from haltwire.demo.upstream import DemoUpstream
 from haltwire.gateway.app import GatewayApp
@@ -264,6 +266,52 @@ async def test_mcp_param_headers_are_sent_and_the_upstreams_own_meta_survives() 
     assert result.meta is not None
     assert result.meta["shard"] == 7
     assert result.meta["io.modelcontextprotocol/serverInfo"]["name"] == "haltwire"
+
+
+async def test_mcp_param_headers_that_disagree_with_the_body_are_refused_before_the_upstream() -> None:
+    # The gateway checks the headers a tool's schema declares (worked out once per catalogue);
+    # a tool that declares none ignores Mcp-Param-* headers, as the SDK's check does.
+    server, received = header_upstream({})
+    app = server.streamable_http_app(
+        stateless_http=True,
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+    )
+    envelope = {
+        PROTOCOL_VERSION_META_KEY: LATEST_PROTOCOL_VERSION,
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+
+    async def post(
+        http: httpx2.AsyncClient, url: str, tool: str, arguments: dict[str, Any], **headers: str
+    ) -> Any:
+        body = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {"name": tool, "arguments": arguments, "_meta": envelope},
+        }
+        sent = {
+            "authorization": f"Bearer {TOKENS['ops-bot']}",
+            "accept": "application/json, text/event-stream",
+            "mcp-protocol-version": LATEST_PROTOCOL_VERSION,
+            "mcp-method": "tools/call",
+            "mcp-name": tool,
+            **headers,
+        }
+        answer = await http.post(url, json=body, headers=sent)
+        text = answer.text
+        return json.loads(text[text.index("{") :])
+
+    async with recorded_upstream(app) as (_, up, _seen), running_gateway(config_dict(up)) as (_, url):
+        async with httpx2.AsyncClient(timeout=10) as http:
+            wrong = await post(http, url, "route", {"region": "eu-west"}, **{"mcp-param-region": "us-east"})
+            missing = await post(http, url, "route", {"region": "eu-west"})
+            right = await post(http, url, "route", {"region": "eu-west"}, **{"mcp-param-region": "eu-west"})
+            stray = await post(http, url, "route", {"n": 1}, **{"mcp-param-other": "x"})
+    assert wrong["error"]["code"] == HEADER_MISMATCH, wrong
+    assert missing["error"]["code"] == HEADER_MISMATCH, missing
+    assert "error" not in right and "error" not in stray, (right, stray)
+    assert received == [{"region": "eu-west"}, {"n": 1}]
 
 
 def cut_short(app: Any) -> Any:

@@ -404,24 +404,24 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=_tripwires_test)
 
     from haltwire.control.operator import add_parsers
+    from haltwire.up import add_parsers as add_up_parsers
 
     add_parsers(sub)
+    add_up_parsers(sub)
 
     dr = sub.add_parser("drill", help="stop canary agents at every rung; measure the time to the last side effect")
     dr.add_argument("--embedded", action="store_true", help="drill a stack of its own (the embedded default)")
     dr.add_argument("--reps", type=int, default=5, help="stops per rung (default 5)")
-    dr.add_argument("--rungs", default="sdk,gateway,fail_closed", help="the rungs, comma-separated (default: all)")
+    dr.add_argument(
+        "--rungs",
+        default="sdk,gateway,model,broker,egress,executor,fail_closed",
+        help="the rungs, comma-separated (default: all)",
+    )
     dr.add_argument("--json", action="store_true", help="print the figures as JSON")
     dr.add_argument("--html", type=Path, default=None, metavar="FILE", help="write a self-contained HTML report")
-    # A running stack (docs/drills.md): its listeners, the drill identities' tokens, where the canary listens.
-    dr.add_argument("--control", default=None, metavar="URL", help="a running control plane's admin listener")
-    dr.add_argument("--agents", default=None, metavar="URL", help="its agents' listener")
-    dr.add_argument("--gateway", default=None, metavar="URL", help="its gateway")
-    dr.add_argument("--token-file", type=Path, default=None, metavar="FILE", help="the drill's tokens (TOML)")
-    dr.add_argument("--canary-host", default="127.0.0.1", help="where the canary listens (default 127.0.0.1)")
-    dr.add_argument("--canary-port", type=int, default=8790, help="the canary's port (default 8790)")
-    dr.add_argument("--canary-url", default=None, metavar="URL", help="a canary kept running: start none")
-    dr.add_argument("--target-s", type=float, default=None, help="the target (default: the class's ttl_s)")
+    from haltwire.drill import add_running_stack_arguments  # light: argparse only
+
+    add_running_stack_arguments(dr)
     dr.add_argument("--seed", type=int, default=None, help="seed the random moments of the stops")
     # Tests: break the gateway rung on purpose (a gateway without [control] nor [leases], or none).
     dr.add_argument("--break", dest="broken", choices=["gateway-without-control", "no-gateway"], help=argparse.SUPPRESS)

@@ -41,8 +41,9 @@ log = logging.getLogger("haltwire.control")
 #: The hidden option that makes ``haltwire control`` the agents' process: ``FD,FD`` (the
 #: listening socket and the child's end of the socket pair, inherited).
 AGENTS_PROCESS_OPTION: Final = "--agents-process"
-#: Streams exempt from the in-flight caps (each is in flight for as long as it is open).
-STREAMS: Final = frozenset({"/v1/watch"})
+#: Streams exempt from the in-flight caps (each is in flight for as long as it is open): the
+#: watch, and the dashboard's live stream.
+STREAMS: Final = frozenset({"/v1/watch", "/dashboard/events"})
 #: Before another child is started after one exited (a crash loop costs one start a second).
 RESTART_S: Final = 1.0
 #: How long a stopping child may take to finish what it is answering before it is killed.

@@ -295,6 +295,13 @@ class Caller:
         return self.expires_at is not None and now >= self.expires_at
 
 
+class DashboardSection(ConfigModel):
+    """``[dashboard]``: the operators' web pages on the admin listener (``/dashboard/``)."""
+
+    #: How long a sign-in lasts (never past the token's own ``expires``).
+    session_s: float = Field(default=12 * 3600, gt=0)
+
+
 class ControlConfig(ConfigModel):
     control: ControlSection = Field(default_factory=ControlSection)
     registry: RegistrySection = Field(default_factory=RegistrySection)
@@ -311,6 +318,7 @@ class ControlConfig(ConfigModel):
     wall_clock: WallClockSection = Field(default_factory=WallClockSection)
     #: Receivers of pages (``[[notify]]``); none: no page is written.
     notify: list[NotifyTarget] = Field(default_factory=list)
+    dashboard: DashboardSection = Field(default_factory=DashboardSection)
 
     @model_validator(mode="after")
     def _consistent(self) -> ControlConfig:

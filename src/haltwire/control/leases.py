@@ -26,6 +26,9 @@ from haltwire.tokens import Grant, LeaseClaims, LeaseKeys
 
 #: Refusals remembered for audit-once; cleared when full (a refusal may then be audited again).
 _NOTED_MAX: Final = 100_000
+#: Grants held for the run store between two flushes (``take_grants``); past it, more are not
+#: held (a run's lease age then shows its previous grant until its next renewal).
+_GRANTS_MAX: Final = 100_000
 
 
 class AuditOnce:
@@ -67,6 +70,8 @@ class LeaseDesk:
         self.clock = clock
         self.mirror = StopMirror()
         self._noted = AuditOnce()
+        #: Run id to its latest grant's (issued_at, expires_at), since the last ``take_grants``.
+        self._granted: dict[str, tuple[float, float]] = {}
 
     @classmethod
     def from_config(cls, config: ControlConfig) -> LeaseDesk | None:
@@ -112,6 +117,8 @@ class LeaseDesk:
             issued_at=now,
             expires_at=now + timing.ttl_s,
         )
+        if len(self._granted) < _GRANTS_MAX or run.run_id in self._granted:
+            self._granted[run.run_id] = (now, claims.expires_at)
         return Grant(
             run_id=run.run_id,
             token=self.keys.sign(claims),
@@ -121,6 +128,11 @@ class LeaseDesk:
             renew_timeout_s=timing.renew_timeout_s,
             generation=generation,
         )
+
+    def take_grants(self) -> dict[str, tuple[float, float]]:
+        """The grants made since the last call (run id to its latest ``(issued_at, expires_at)``)."""
+        taken, self._granted = self._granted, {}
+        return taken
 
     def first_refusal(self, run_id: str, refusal: Refused) -> bool:
         return self._noted.first(run_id, refusal)

@@ -1,7 +1,8 @@
 """Run reports: what a run did, what is still in doubt, and what stopped it, in one read.
 
 ``GET /v1/runs/{run_id}/report`` derives everything from what the control plane already
-records, and writes nothing: the run (the run store), its intents grouped by state (the
+records, and writes nothing; it reads what concerns the run only (the registry by scope and
+time, the audit log by its index of subjects), never the whole history: the run (the run store), its intents grouped by state (the
 intent store), every stop whose scope covers the run, active or cleared (the registry), and
 the audit records about the run in seq order (the audit log), and the tool calls a stop found
 in flight at a gateway, with what the gateway did to each (``calls``: cut, or let finish and
@@ -123,16 +124,25 @@ async def report(plane: Plane, caller: Caller, run_id: str) -> RunReport:
     intents = await stores.intents.list(run_id=run.run_id, limit=MAX_INTENTS)
     scopes = {str(s) for s in run.scopes}
     cancelled_by = {i.stop_id for i in intents if i.stop_id is not None}
+    # Only the run's own: its scopes' stops in its lifetime, and those that cancelled its intents.
+    found = {
+        s.stop_id: s
+        for s in [
+            *await stores.registry.stops_during(scopes, run.registered_at, run.ended_at),
+            *await stores.registry.stops_by_id(cancelled_by),
+        ]
+    }
     stops = [
         s
-        for s in await stores.registry.all_stops()
+        for s in found.values()
         if ((s.scope in scopes and _in_force_during(s, run)) or s.stop_id in cancelled_by)
         and await visible_to(plane, caller, s.scope)
     ]
     stops.sort(key=lambda s: s.revision)
     intent_ids = {i.intent_id for i in intents}
     stop_ids = {s.stop_id for s in stops}
-    records = [r for r in await stores.audit.records() if about_run(r, run.run_id, intent_ids, stop_ids)]
+    candidates = await stores.audit.about({run.run_id, *intent_ids, *stop_ids})
+    records = [r for r in candidates if about_run(r, run.run_id, intent_ids, stop_ids)]
     timeline = [
         TimelineEntry(
             r.seq, r.at, r.actor, r.role, r.action, r.target, r.outcome, r.reason, r.malformed, r.detail.get("drill") is True

@@ -14,9 +14,12 @@ lease, and the signed grant, is the lease desk's (``haltwire.control.leases``).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
+
+import anyio
 
 from haltwire.control.access import ownership
 from haltwire.control.config import Caller
@@ -24,6 +27,7 @@ from haltwire.control.errors import Refused, invalid
 from haltwire.control.leases import LeaseDesk
 from haltwire.control.plane import Plane
 from haltwire.control.wall_clock import check_renewal
+from haltwire.store.registry import RegistryUnavailable
 from haltwire.store.runs import Checkpoint, RunExists, RunRecord, UnknownRun, new_run_id
 from haltwire.tokens import Grant
 
@@ -223,3 +227,23 @@ async def latest_checkpoint(plane: Plane, caller: Caller, run_id: str) -> Checkp
     if checkpoint is None:
         raise Refused(404, "no_checkpoint", f"run {run_id} has saved no checkpoint")
     return checkpoint
+
+
+#: How often each process writes the lease grants it made to the run store.
+GRANTS_EVERY_S: Final = 1.0
+
+
+async def record_grants(plane: Plane) -> None:
+    """Write the lease grants this process made to the run store, a batch every
+    ``GRANTS_EVERY_S`` (one transaction), so a run's lease age can be read from any process: not
+    on the renewal's path, which only notes the grant in memory. A failed write loses only that
+    batch (each run's next renewal is noted again). Runs until cancelled by its owner."""
+    leases = plane.leases
+    if leases is None:
+        return
+    while True:
+        await anyio.sleep(GRANTS_EVERY_S)
+        grants = leases.take_grants()
+        if grants:
+            with contextlib.suppress(RegistryUnavailable):
+                await plane.open.runs.note_grants(grants)

@@ -81,7 +81,9 @@ async def open_stores(config: ControlConfig) -> AsyncIterator[Stores]:
         name = f"haltwire-control-{section.schema_}"[:63]  # which replica's schema, in pg_stat_activity
         db = await PostgresDb.open(section.url, section.schema_, 5.0, name, tables)
     try:
-        yield Stores(Changes(db), Audit(db, key), Runs(db), Credentials(db), Intents(db), Trips(db), Pages(db), db)
+        stores = Stores(Changes(db), Audit(db, key), Runs(db), Credentials(db), Intents(db), Trips(db), Pages(db), db)
+        await stores.audit.backfill()  # a database made before the audit log's index by run
+        yield stores
     finally:
         await db.aclose()
 

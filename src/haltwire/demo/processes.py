@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -88,8 +89,8 @@ class Processes:
         self.directory = directory
         self.services: list[Service] = []
 
-    def spawn(self, name: str, *args: str) -> Service:
-        """Start ``python ARGS`` (this interpreter) as ``name``."""
+    def spawn(self, name: str, *args: str, env: Mapping[str, str] | None = None) -> Service:
+        """Start ``python ARGS`` (this interpreter) as ``name``, with ``env`` added to ours."""
         log = self.directory / f"{name.replace(' ', '-')}.stderr"
         with log.open("wb") as err:
             process = subprocess.Popen(
@@ -97,7 +98,7 @@ class Processes:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=err,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
             )
         service = Service(name, process, log)
         self.services.append(service)

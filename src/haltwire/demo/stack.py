@@ -1,7 +1,7 @@
 """Running a demo upstream and a gateway in this process, on loopback, and connecting to them.
 
 Used by ``haltwire demo`` and by the tests: everything here is a real server on a real
-socket, and ``connect`` is the official MCP client over streamable HTTP.
+socket, and ``connect`` (``haltwire.demo.client``) is the official MCP client over streamable HTTP.
 """
 
 from __future__ import annotations
@@ -11,12 +11,9 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any, Final
 
-import httpx2
-from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
-
 from haltwire.control import create_app as create_control_app
 from haltwire.control import parse_control_config
+from haltwire.demo.client import connect as connect  # here too, where the demos and tests look
 from haltwire.demo.upstream import DemoUpstream
 from haltwire.gateway import create_app
 from haltwire.gateway.app import GatewayApp
@@ -109,15 +106,3 @@ async def running_gateway(
         await app.start(stack)
         async with serving(app) as url:
             yield app, f"{url}/mcp"
-
-
-@asynccontextmanager
-async def connect(url: str, token: str | None, **client_kwargs: Any) -> AsyncIterator[Client]:
-    """The official MCP client, sending ``token`` as its bearer token on every request."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=60.0))
-    async with (
-        http,
-        Client(streamable_http_client(url, http_client=http), cache=None, **client_kwargs) as client,
-    ):
-        yield client

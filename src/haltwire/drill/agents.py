@@ -55,6 +55,8 @@ class CanaryRun:
     refused_at: float | None = None
     refusal: str | None = None
     lease_end_at: float | None = None
+    #: When a stream or tunnel open at the stop was closed under it (``drill.canaries``).
+    cut_at: float | None = None
     first_served: anyio.Event = field(default_factory=anyio.Event)
     refused: anyio.Event = field(default_factory=anyio.Event)
     #: Set by the drill just before the stop: only refusals from then on are the stop's.

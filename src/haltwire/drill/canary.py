@@ -1,7 +1,8 @@
-"""The canary upstream: an MCP server whose one tool, ``canary_write``, is a side effect that it
-records with its time, so a drill can count what happened after a stop on the upstream's own word.
+"""The canary upstream: an MCP server whose tools, ``canary_write`` and ``canary_commit`` (the
+same, irreversible: the executor rung's), are side effects that it records with its time, so a
+drill can count what happened after a stop on the upstream's own word.
 
-In this order, for each call of ``canary_write(run, what)``:
+In this order, for each call of ``canary_write(run, what)`` (or ``canary_commit``):
 
 1. the time is taken (``time.time()``: the drill compares it with times taken in another process
    on the same machine);
@@ -28,6 +29,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 TOOL = "canary_write"
+#: The executor rung's tool: irreversible (destructive, not idempotent), so the gateway makes each
+#: call an intent and only the executor performs it; recorded as ``canary_write`` is.
+TOOL_COMMIT = "canary_commit"
 
 _TOOLS = [
     types.Tool(
@@ -40,7 +44,17 @@ _TOOLS = [
         },
         # A side effect, but neither destructive nor irreversible: the gateway serves it directly.
         annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True),
-    )
+    ),
+    types.Tool(
+        name=TOOL_COMMIT,
+        description="Record one irreversible side effect of a canary run (performed by the executor).",
+        input_schema={
+            "type": "object",
+            "properties": {"run": {"type": "string"}, "what": {"type": "string"}},
+            "required": ["run", "what"],
+        },
+        annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False),
+    ),
 ]
 
 
@@ -57,7 +71,7 @@ class Canary:
         return types.ListToolsResult(tools=_TOOLS)
 
     async def _call(self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams) -> Any:
-        if params.name != TOOL:
+        if params.name not in (TOOL, TOOL_COMMIT):
             raise ValueError(f"Unknown tool: {params.name}")
         args = params.arguments or {}
         now = time.time()

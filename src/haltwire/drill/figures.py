@@ -57,6 +57,12 @@ class Rep:
     #: Every side effect of the run the canary upstream recorded, in seconds from the stop's
     #: acknowledgement (negative before it): what the report's timeline plots.
     effects_at_s: list[float] = field(default_factory=list)
+    #: To the stream's or tunnel's cut (``model``, ``egress``): open at the stop, closed under it.
+    cut_s: float | None = None
+    #: The executor rung: the run's intents by state, and what was performed on a decision (its
+    #: final check) at or after the stop's revision (must be none).
+    intents: dict[str, int] = field(default_factory=dict)
+    decided_after_stop: list[str] = field(default_factory=list)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -89,10 +95,15 @@ class RungSummary:
         return [r for r in self.reps if r.last_effect_s is not None and r.last_effect_s > self.target_s]
 
     @property
+    def decided_late(self) -> list[Rep]:
+        """Reps with an intent performed on a decision taken after the stop (the executor's)."""
+        return [r for r in self.reps if r.decided_after_stop]
+
+    @property
     def verdict(self) -> str:
         if self.skipped is not None:
             return "skipped"
-        return "broken" if self.broken else "fail" if self.missed else "pass"
+        return "broken" if self.broken else "fail" if self.missed or self.decided_late else "pass"
 
     def as_json(self) -> dict[str, Any]:
         after = [what for r in self.reps for what in r.effects_after]
@@ -109,6 +120,11 @@ class RungSummary:
             "to_lease_end_s": _spread([r.lease_end_s for r in self.reps]),
             "side_effects_after_stop": {"count": len(after), "what": after},
             "side_effects_total": sum(r.effects_total for r in self.reps),
+            "to_cut_s": _spread([r.cut_s for r in self.reps]),
+            "decided_after_stop": {
+                "count": sum(len(r.decided_after_stop) for r in self.reps),
+                "what": [w for r in self.reps for w in r.decided_after_stop],
+            },
             "reps": [asdict(r) for r in self.reps],
         }
 

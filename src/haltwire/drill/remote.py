@@ -50,6 +50,8 @@ KINDS: Final = ("run", "tenant", "agent", "version", "tool")
 NO_FAIL_CLOSED: Final = (
     "the drill cannot make a control plane it did not start unreachable; drill fail_closed with --embedded"
 )
+#: Why a running stack's ladder rungs (model, broker, egress, executor) are skipped.
+NO_PARTS: Final = "it needs parts the drill starts itself (its targets, egress proxy, executor); drill it with --embedded"
 #: Where the canary listens by default: the gateway's route to it names this port.
 CANARY_PORT: Final = 8790
 #: How long the gateway has to reach the canary (it reconnects to a down upstream by itself,
@@ -91,6 +93,9 @@ class RemoteStack:
         self.gateway_url = gateway_url.rstrip("/")
         self.canary_url = canary_url.rstrip("/")
         self.tokens = tokens
+        #: None of the ladder's parts: its rungs are skipped (``NO_PARTS``).
+        self.targets_url = ""
+        self.parts: frozenset[str] = frozenset()
 
     @property
     def mcp_url(self) -> str:

@@ -118,9 +118,19 @@ class Drill:
             "runs_not_ended": not_ended,
         }
 
-    async def _measure(self, rung: str, n: int, scope: tuple[str, str], run: CanaryRun, ack: float) -> Rep:
-        """The rep's figures, from the canary upstream's record of the run (``scope``: text, kind)."""
-        effects = await self.record(run.run_id)
+    async def _measure(
+        self,
+        rung: str,
+        n: int,
+        scope: tuple[str, str],
+        run: CanaryRun,
+        ack: float,
+        effects: list[tuple[float, str]] | None = None,
+    ) -> Rep:
+        """The rep's figures, from the canary upstream's record of the run (``scope``: text, kind),
+        or from ``effects``, another canary's record of it."""
+        if effects is None:
+            effects = await self.record(run.run_id)
         after = [(t, what) for t, what in effects if t > ack]
         last = max((t for t, _ in effects), default=ack)
 
@@ -137,6 +147,7 @@ class Drill:
             effects_after=[what for _, what in after],
             served_seen=run.served,
             refused_before_stop=len(run.early),
+            cut_s=since(run.cut_at),
             effects_at_s=[round(t - ack, 4) for t, _ in effects],
         )  # fmt: skip
 

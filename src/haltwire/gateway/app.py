@@ -14,12 +14,13 @@ the edge:
    request but a ``tools/call``, which the pipeline refuses as a tool result; so does one while
    the watch is stale (503).
 
-Then a modern (2026-07-28) ``tools/call`` takes the fast path here: parse, validate the
-envelope with the SDK's own ladder (``classify_inbound_request``), run the ``Gateway``
-pipeline and write the JSON-RPC answer. Anything else (discovery, ``tools/list``,
-handshake-era clients, a request the fast path does not recognise) is replayed, body
-and all, into the official SDK's streamable-HTTP handler, so protocol corner cases
-have one implementation. The fast path exists because the SDK's server machinery costs
+Then a ``tools/call`` takes the fast path here: a modern (2026-07-28) one once the SDK's own
+ladder (``classify_inbound_request``) and ``Mcp-Param-*`` check accept its envelope, a
+handshake-era one (``haltwire.gateway.legacy``) once its headers are what the SDK's handler
+takes; the ``Gateway`` pipeline runs and the JSON-RPC answer is written as the SDK would write
+it for the client's version. Anything else (``initialize``, discovery, ``tools/list``, a request
+the fast path does not recognise) is replayed, body and all, into the official SDK's
+streamable-HTTP handler, so protocol corner cases have one implementation. The fast path exists because the SDK's server machinery costs
 more per call than every check haltwire makes (``benchmarks/gateway.py`` measures both).
 
 With ``[[models]]``, ``POST /v1/chat/completions`` and ``POST /v1/responses`` pass the same
@@ -30,9 +31,10 @@ stops current, else 503 naming what is missing (readiness, ``haltwire.gateway.re
 ``haltwire gateway`` serves its port while it starts, so both answer then; a request to ``/mcp``
 that comes before the start has finished waits for it.
 
-Cancellation: the pipeline runs in a task group next to a watcher of the client's
-connection. When the client disconnects, the watcher cancels the group, which cancels
-the upstream request (the upstream sees its stream close) and releases the slot.
+Cancellation: a watcher of the client's connection runs beside the pipeline (a plain task,
+``wire.until_disconnect``; with a progress token, a task group that also streams the progress
+notifications). When the client disconnects, the watcher cancels the call, which cancels the
+upstream request (the upstream sees its stream close) and releases the slot.
 """
 
 from __future__ import annotations
@@ -42,7 +44,6 @@ from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import Any, Final
 
-import anyio
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
@@ -58,11 +59,13 @@ from starlette.types import Receive, Scope, Send
 
 from haltwire import jsonwire, refusal
 from haltwire.errors import unwrapped
+from haltwire.gateway import legacy
 from haltwire.gateway.credentials import CREDENTIAL_STATE_KEY
 from haltwire.gateway.hosts import HostCheck
 from haltwire.gateway.identities import Identities
 from haltwire.gateway.model_calls import ModelCalls
 from haltwire.gateway.models import MODEL_PATHS
+from haltwire.gateway.progress import Outcome, with_progress
 from haltwire.gateway.proxy import Gateway
 from haltwire.gateway.readiness import NOT_STARTED, Start, readiness
 from haltwire.gateway.relay import respond as respond_model
@@ -76,24 +79,29 @@ from haltwire.gateway.wire import (
     jsonrpc_result,
     read_body,
     replayed,
-    sse_message,
+    until_disconnect,
 )
 from haltwire.identity import Identity, bearer_token
 from haltwire.meta import LEASE_HEADER
 from haltwire.refusal import Refusal
 from haltwire.tokens import LeaseClaims
+from haltwire.upstreams.http import Progress
 
 log = logging.getLogger("haltwire.gateway")
 
 _JSON_HEADERS: Final = [(b"content-type", b"application/json")]
-_SSE_HEADERS: Final = [
-    (b"content-type", b"text/event-stream"),
-    (b"cache-control", b"no-cache, no-transform"),
-    (b"x-accel-buffering", b"no"),
-]
-_MODERN: Final = frozenset(v.encode() for v in MODERN_PROTOCOL_VERSIONS)
+#: The headers the fast path reads: the envelope ladder's three, ``Accept``, ``Content-Type``
+#: (a handshake-era call's) and the lease.
+_PICKED: Final = frozenset(
+    {b"mcp-protocol-version", b"mcp-method", b"mcp-name", b"accept", b"content-type", LEASE_HEADER.encode()}
+)
 #: A body that is not JSON at all: the SDK's handler answers it.
 _UNPARSED: Final = object()
+
+
+def _picked(scope: Scope) -> dict[str, str]:
+    """The headers of ``_PICKED`` that the request has (the last one of a repeated header)."""
+    return {k.decode(): v.decode("latin-1") for k, v in scope["headers"] if k in _PICKED}
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -287,11 +295,8 @@ class GatewayApp:
         if revoked is not None and not is_tool_call(message):
             await _respond_refusal(send, revoked)
             return
-        if (
-            isinstance(message, dict)
-            and _header(scope, b"mcp-method") == b"tools/call"
-            and _header(scope, b"mcp-protocol-version") in _MODERN
-            and await self._tools_call(identity, message, scope, receive, send, credential)
+        if is_tool_call(message) and await self._tools_call(
+            identity, message, scope, receive, send, credential
         ):
             return
         try:
@@ -309,7 +314,8 @@ class GatewayApp:
         send: Send,
         credential: LeaseClaims | None = None,
     ) -> bool:
-        """Serve a modern ``tools/call`` (the body, parsed); False hands the request to the SDK instead."""
+        """Serve a ``tools/call`` (the body, parsed), modern or handshake-era (``gateway.legacy``);
+        False hands the request to the SDK instead."""
         if msg.get("jsonrpc") != "2.0" or msg.get("method") != "tools/call":
             return False
         request_id = msg.get("id")
@@ -323,27 +329,38 @@ class GatewayApp:
         name, arguments = params.get("name"), params.get("arguments")
         if not isinstance(name, str) or not (arguments is None or isinstance(arguments, dict)):
             return False
-        accept = (_header(scope, b"accept") or b"").decode("latin-1")
-        if "application/json" not in accept and "*/*" not in accept:
-            return False
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        if isinstance(classify_inbound_request(msg, headers=headers), InboundLadderRejection):
-            return False
-        schema = self.gateway.upstreams.input_schema(name)
-        checks_headers = schema is not None and (
-            arguments or any(h.startswith("mcp-param-") for h in headers)
-        )
-        if checks_headers and validate_mcp_param_headers(schema, arguments or {}, headers) is not None:
-            return False
+        picked = _picked(scope)
+        accept = picked.get("accept", "")
+        legacy_version = None
+        if picked.get("mcp-protocol-version") in MODERN_PROTOCOL_VERSIONS:
+            if picked.get("mcp-method") != "tools/call":
+                return False
+            if "application/json" not in accept and "*/*" not in accept:
+                return False
+            if isinstance(classify_inbound_request(msg, headers=picked), InboundLadderRejection):
+                return False
+            # Only a tool whose schema declares Mcp-Param-* headers has headers to check.
+            schema = self.gateway.upstreams.param_header_schema(name)
+            if schema is not None:
+                headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+                if validate_mcp_param_headers(schema, arguments or {}, headers) is not None:
+                    return False
+        else:
+            legacy_version = legacy.served_version(picked, params)
+            if legacy_version is None:
+                return False
 
         meta = params.get("_meta")
         meta = meta if isinstance(meta, dict) else None
         token = meta.get("progressToken") if meta else None
         wants_progress = (
-            isinstance(token, str | int) and not isinstance(token, bool) and "text/event-stream" in accept
+            legacy_version is None
+            and isinstance(token, str | int)
+            and not isinstance(token, bool)
+            and "text/event-stream" in accept
         )
         # The header is looked for only by a gateway that verifies leases.
-        lease_header = headers.get(LEASE_HEADER) if self.gateway.leases is not None else None
+        lease_header = picked.get(LEASE_HEADER) if self.gateway.leases is not None else None
         await self._serve_call(
             identity,
             request_id,
@@ -356,6 +373,7 @@ class GatewayApp:
             send,
             lease_header,
             credential,
+            legacy_version,
         )
         return True
 
@@ -372,50 +390,32 @@ class GatewayApp:
         send: Send,
         lease_header: str | None = None,
         credential: LeaseClaims | None = None,
+        legacy_version: str | None = None,
     ) -> None:
-        events_out, events_in = anyio.create_memory_object_stream[bytes](16)
-        outcome: list[dict[str, Any] | Refusal | MCPError] = []
-        report = None
+        async def call(progress: Progress | None) -> Outcome:
+            try:
+                return await self.gateway.call_tool(
+                    identity, name, arguments, meta, progress, lease_header, credential
+                )
+            except MCPError as exc:
+                return exc
+
         if wants_progress:
-
-            async def report(progress: float, total: float | None, message: str | None) -> None:
-                params: dict[str, Any] = {"progressToken": token, "progress": progress}
-                if total is not None:
-                    params["total"] = total
-                if message is not None:
-                    params["message"] = message
-                note = {"jsonrpc": "2.0", "method": "notifications/progress", "params": params}
-                await events_out.send(sse_message(note))
-
-        async def run_call() -> None:
-            async with events_out:
-                try:
-                    outcome.append(
-                        await self.gateway.call_tool(
-                            identity, name, arguments, meta, report, lease_header, credential
-                        )
-                    )
-                except MCPError as exc:
-                    outcome.append(exc)
-
-        async def watch_disconnect(scope: anyio.CancelScope) -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            scope.cancel()
-
-        committed_sse = False
-        async with events_in, anyio.create_task_group() as tg:
-            tg.start_soon(watch_disconnect, tg.cancel_scope)
-            tg.start_soon(run_call)
-            async for event in events_in:
-                if not committed_sse:
-                    committed_sse = True
-                    await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-                await send({"type": "http.response.body", "body": event, "more_body": True})
-            tg.cancel_scope.cancel()
-        if not outcome:
+            result, committed_sse = await with_progress(call, token, receive, send)
+        else:
+            # No progress to stream: the call runs in this task, cancelled if the client goes.
+            result, committed_sse = await until_disconnect(call(None), receive), False
+        if result is None:
             return  # the client went away; nothing to answer
-        result = outcome[0]
+        if legacy_version is not None:
+            await _respond(send, 200, legacy.answer(request_id, result, legacy_version), legacy.HEADERS)
+            return
+        await self._answer(identity, request_id, result, committed_sse, send)
+
+    async def _answer(
+        self, identity: Identity, request_id: str | int, result: Outcome, committed_sse: bool, send: Send
+    ) -> None:
+        """Write ``result`` as the JSON-RPC answer (after the events, once an SSE response started)."""
         status = 200
         if isinstance(result, MCPError):
             payload = jsonrpc_error(request_id, result.code, result.message, result.data)

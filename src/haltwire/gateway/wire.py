@@ -1,13 +1,18 @@
 """The gateway edge's plumbing on the wire: a request body read within its limit (and handed on
-to the SDK's handler as if unread), JSON-RPC answers and their server-sent-event framing."""
+to the SDK's handler as if unread), a call cancelled when its client disconnects, JSON-RPC
+answers and their server-sent-event framing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import anyio
 from starlette.types import Message, Receive
+
+T = TypeVar("T")
 
 
 class BodyTooLarge(Exception):
@@ -79,3 +84,27 @@ def jsonrpc_error(request_id: Any, code: int, message: str, data: Any = None) ->
 
 def sse_message(message: dict[str, Any]) -> bytes:
     return f"event: message\r\ndata: {json.dumps(message, separators=(',', ':'))}\r\n\r\n".encode()
+
+
+async def until_disconnect(call: Awaitable[T], receive: Receive) -> T | None:
+    """``call``'s answer, or None when the client disconnects first (``call`` is then cancelled).
+
+    One plain task watches the connection (no task group, no stream: this is every tool call's
+    path). Its owner is this function: it is cancelled as soon as ``call`` ends, either way.
+    The watcher cancels ``call`` through a cancel scope, so the upstream request is cancelled
+    and the slot released exactly as a deadline would.
+    """
+    scope = anyio.CancelScope()
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        scope.cancel()
+
+    watcher = asyncio.get_running_loop().create_task(watch())
+    try:
+        with scope:
+            return await call
+        return None  # cancelled by the watcher
+    finally:
+        watcher.cancel()

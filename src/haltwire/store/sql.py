@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -101,6 +101,28 @@ class Tx(Statements):
     read_only: bool = False
 
 
+@dataclass(slots=True)
+class RowCount:
+    """The rows the reads of one block answered (``counting_rows``)."""
+
+    rows: int = 0
+
+
+_counted: ContextVar[RowCount | None] = ContextVar("haltwire_store_rows", default=None)
+
+
+@contextlib.contextmanager
+def counting_rows() -> Iterator[RowCount]:
+    """Count the rows every read (``Db.all``, ``one``) answers in this block, in this task and
+    the tasks it starts: what one request reads, for tests and benchmarks."""
+    counter = RowCount()
+    token = _counted.set(counter)
+    try:
+        yield counter
+    finally:
+        _counted.reset(token)
+
+
 #: The write transaction open in this task, and its ``Db``: joined by its ``write()`` and reads.
 _open: ContextVar[tuple[Db, Tx] | None] = ContextVar("haltwire_store_tx", default=None)
 
@@ -167,9 +189,14 @@ class Db(Statements):
     async def all(self, query: str, params: Params = ()) -> list[Row]:
         joined = self._joined()
         if joined is not None:
-            return await joined.all(query, params)
-        async with self._alone() as statements:
-            return await statements.all(query, params)
+            rows = await joined.all(query, params)
+        else:
+            async with self._alone() as statements:
+                rows = await statements.all(query, params)
+        counter = _counted.get()
+        if counter is not None:
+            counter.rows += len(rows)
+        return rows
 
 
 class Store:

@@ -25,6 +25,7 @@ import mcp.types as types
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import find_invalid_x_mcp_header, x_mcp_header_map
 from mcp_types import CONNECTION_CLOSED
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
@@ -165,7 +166,9 @@ class Upstream:
                 await tg.start(self.run)
         except TimeoutError as exc:
             why = f"not listening ({describe(self._not_up)})" if self._not_up else describe(exc)
-            raise UpstreamError(f"upstream {self.name!r} ({where}) did not start within {timeout:g} s: {why}") from exc
+            raise UpstreamError(
+                f"upstream {self.name!r} ({where}) did not start within {timeout:g} s: {why}"
+            ) from exc
         except Exception as exc:
             raise UpstreamError(f"upstream {self.name!r} ({where}) did not start: {describe(exc)}") from exc
 
@@ -233,6 +236,8 @@ class Upstreams:
         self._routes: dict[str, Route] = {}
         self._tools: list[types.Tool] = []
         self._schemas: dict[str, dict[str, Any]] = {}
+        #: The schemas of the tools that declare ``Mcp-Param-*`` headers (``x-mcp-header``).
+        self._param_schemas: dict[str, dict[str, Any]] = {}
 
     async def connect(self, stack: AsyncExitStack) -> None:
         """Start every upstream in a task group that ``stack`` owns and cancels on exit."""
@@ -277,6 +282,13 @@ class Upstreams:
         self._routes = routes
         self._tools = tools
         self._schemas = {t.name: dict(t.input_schema) for t in tools}
+        # Walked once per catalogue, not per call: a schema without a valid annotation has no
+        # header a call could disagree with (the SDK's check then accepts every call).
+        self._param_schemas = {
+            name: schema
+            for name, schema in self._schemas.items()
+            if find_invalid_x_mcp_header(schema) is None and x_mcp_header_map(schema)
+        }
 
     def not_connected(self) -> list[str]:
         """The names of the upstreams without a connection now (``/readyz``)."""
@@ -291,6 +303,10 @@ class Upstreams:
 
     def input_schema(self, exposed: str) -> dict[str, Any] | None:
         return self._schemas.get(exposed)
+
+    def param_header_schema(self, exposed: str) -> dict[str, Any] | None:
+        """The input schema of ``exposed`` when it declares ``Mcp-Param-*`` headers, else None."""
+        return self._param_schemas.get(exposed)
 
     def label(self, exposed: str) -> Label | None:
         route = self._routes.get(exposed)

@@ -24,12 +24,24 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute
 
+from haltwire.control import runs as runs_rule
 from haltwire.control import wall_clock
 from haltwire.control.config import ControlConfig
 from haltwire.control.errors import Refused, unavailable
 from haltwire.control.notify import receivers
 from haltwire.control.plane import Plane
-from haltwire.control.routes import calls, credentials, firings, intents, openapi, reports, runs, stops
+from haltwire.control.routes import (
+    blast,
+    calls,
+    credentials,
+    dashboard,
+    firings,
+    intents,
+    openapi,
+    reports,
+    runs,
+    stops,
+)
 from haltwire.control.routes.paging import Sender
 from haltwire.control.routes.wire import answer
 from haltwire.control.stores import Stores, open_stores
@@ -44,6 +56,7 @@ routes: list[BaseRoute] = [
     *reports.routes,
     *calls.routes,
     *firings.routes,
+    *blast.routes,
 ]
 
 
@@ -100,6 +113,7 @@ def create_app(
         async with anyio.create_task_group() as tg:
             tg.start_soon(opened.registry.follow_writes, plane.wake)
             tg.start_soon(plane.follow_audit_head)
+            tg.start_soon(runs_rule.record_grants, plane)  # each process its own grants
             if rules:
                 tg.start_soon(wall_clock.sweep, plane)
             if sender is not None:
@@ -120,7 +134,8 @@ def create_app(
             yield
 
     app = ControlApp(
-        routes=[*routes, *_heads, *openapi.pages],
+        # The dashboard is not in the document: pages for people, served on the admin listener only.
+        routes=[*routes, *_heads, *openapi.pages, dashboard.mount()],
         lifespan=lifespan,
         exception_handlers={Refused: _refused, RegistryUnavailable: _unavailable, HTTPException: _http_error},
         # The document is served by a route of its own (it is in the document), the pages too.
@@ -131,4 +146,6 @@ def create_app(
         telemetry={"tracing": False, "metrics": False, "logs": False, "auto_configure": False},
     )
     app.state.plane = plane
+    app.state.dashboard_sessions = dashboard.Sessions(config.dashboard.session_s)
+    app.state.dashboard_board = dashboard.Board()
     return app

@@ -21,6 +21,7 @@ from starlette.types import Receive, Scope, Send
 from haltwire.control.access import authenticate
 from haltwire.control.errors import Refused
 from haltwire.control.plane import Plane
+from haltwire.control.routes.dashboard.sessions import LISTENER_KEY
 from haltwire.control.routes.wire import answer
 
 log = logging.getLogger("haltwire.control")
@@ -43,6 +44,8 @@ class OnlyRoles:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
+            # Which listener it came through: the dashboard is served on the admin listener only.
+            scope[LISTENER_KEY] = self.listener
             request = Request(scope)
             header = request.headers.get("authorization")
             if header is not None:

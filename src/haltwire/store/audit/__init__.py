@@ -148,6 +148,15 @@ class AuditLog(ABC):
         """Records with a seq strictly greater than ``since_seq``, ascending."""
 
     @abstractmethod
+    async def about(self, names: Iterable[str]) -> list[AuditRecord]:
+        """The records whose target, or a run, intent or stop their detail names, is in ``names``
+        (a superset of what is about them: callers filter), in seq order, read by an index."""
+
+    @abstractmethod
+    async def backfill(self) -> int:
+        """Index the records of a database made before ``about``'s index; answers how many."""
+
+    @abstractmethod
     async def head(self) -> Head:
         """The newest record's seq and hash."""
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import Any, Final, Protocol
 
@@ -71,6 +71,18 @@ class Registry(Protocol):
         """Every stop ever issued, cleared or not, oldest first."""
         ...
 
+    async def stops_during(
+        self, scopes: Collection[str], since: float, until: float | None
+    ) -> list[StopRecord]:
+        """The stops on one of ``scopes`` that may have been in force between ``since`` and
+        ``until`` (None: still going): issued by ``until``, not cleared or expired before
+        ``since``; oldest first. Read by scope and time, not the whole history."""
+        ...
+
+    async def stops_by_id(self, stop_ids: Collection[str]) -> list[StopRecord]:
+        """The stops with these ids, oldest first (an unknown id is left out)."""
+        ...
+
     async def changes_since(self, revision: int, *, limit: int = 1000) -> list[Change]:
         """Changes with a revision strictly greater than ``revision``, ascending."""
         ...
@@ -123,6 +135,8 @@ DDL: Final = (
     "CREATE UNIQUE INDEX IF NOT EXISTS changes_one_kind_per_stop ON {changes} (stop_id, kind)",
     # The escalation rules count the stops of a recent window (``haltwire.store.trips``).
     "CREATE INDEX IF NOT EXISTS changes_by_time ON {changes} (at)",
+    # A run's report reads the stops on its scopes (``stops_during``); made on an existing file too.
+    "CREATE INDEX IF NOT EXISTS changes_by_scope ON {changes} (scope, at)",
     # Idempotency keys of stop and clear requests: a retried request answers what the first did.
     """CREATE TABLE IF NOT EXISTS {requests} (
     actor       TEXT NOT NULL,
@@ -150,6 +164,28 @@ QUERIES: Final = {
     "requested": "SELECT fingerprint, stop_id FROM {requests} WHERE actor = ? AND request_key = ?",
     "remember": "INSERT INTO {requests} (actor, request_key, fingerprint, stop_id) VALUES (?, ?, ?, ?)",
 }
+
+
+def _marks(count: int) -> str:
+    return ", ".join("?" for _ in range(count))
+
+
+def during_query(scopes: int, bounded: bool) -> str:
+    """Both changes of the stops on one of ``scopes`` scopes in force at some moment of a window
+    (``{changes}`` unbound). Parameters: the scopes, the window's end if ``bounded``, its start
+    twice (not expired before it, not cleared before it)."""
+    until = " AND s.at <= ?" if bounded else ""
+    return (
+        f"SELECT {_COLS} FROM {{changes}} WHERE stop_id IN (SELECT s.stop_id FROM {{changes}} AS s "
+        f"WHERE s.kind = 'stop' AND s.scope IN ({_marks(scopes)}){until} "
+        "AND (s.expires_at IS NULL OR s.expires_at >= ?) AND NOT EXISTS (SELECT 1 FROM {changes} AS c "
+        "WHERE c.stop_id = s.stop_id AND c.kind = 'clear' AND c.at < ?)) ORDER BY revision"
+    )
+
+
+def by_ids_query(count: int) -> str:
+    """Every change of the stops with ``count`` ids (``{changes}`` unbound)."""
+    return f"SELECT {_COLS} FROM {{changes}} WHERE stop_id IN ({_marks(count)}) ORDER BY revision"
 
 
 def digest(row: Row) -> str:

@@ -8,7 +8,7 @@ later sees a smaller revision appear.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from haltwire.stops import Change, StopRecord
 from haltwire.store.registry import (
@@ -17,11 +17,13 @@ from haltwire.store.registry import (
     QUERIES,
     RegistryUnavailable,
     RequestConflict,
+    by_ids_query,
     change,
     checked_clear,
     checked_issue,
     clearable,
     digest,
+    during_query,
     fold,
     fold_all,
     issued,
@@ -68,6 +70,22 @@ class SqlRegistry(Store):
 
     async def all_stops(self) -> list[StopRecord]:
         return fold_all(await self._db.all(QUERIES["all"]))
+
+    async def stops_during(
+        self, scopes: Collection[str], since: float, until: float | None
+    ) -> list[StopRecord]:
+        if not scopes:
+            return []
+        params = [*scopes, *([] if until is None else [until]), since, since]
+        rows = await self._db.all(during_query(len(scopes), until is not None), params)
+        return fold_all(rows)
+
+    async def stops_by_id(self, stop_ids: Collection[str]) -> list[StopRecord]:
+        ids = sorted(set(stop_ids))
+        if not ids:
+            return []
+        stops = fold_all(await self._db.all(by_ids_query(len(ids)), ids))
+        return sorted(stops, key=lambda s: s.revision)
 
     async def changes_since(self, revision: int, *, limit: int = 1000) -> list[Change]:
         n = len(COLUMNS)

@@ -105,6 +105,14 @@ class RunStore(Protocol):
 
     async def latest_checkpoint(self, run_id: str) -> Checkpoint | None: ...
 
+    async def note_grants(self, grants: dict[str, tuple[float, float]]) -> None:
+        """Keep each run's latest lease grant (run id to its ``(granted_at, expires_at)``), a
+        transaction per ``GRANTS_PER_STATEMENT``."""
+
+    async def grants(self, run_ids: Sequence[str]) -> dict[str, tuple[float, float]]:
+        """The latest grant kept for each of ``run_ids`` that has one."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -135,6 +143,13 @@ DDL: Final = (
     saved_at DOUBLE PRECISION NOT NULL,
     PRIMARY KEY (run_id, seq)
 )""",
+    # Each run's latest lease grant, written a batch at a time (``note_grants``): its age is
+    # what an operator reads to tell a live run from one that stopped renewing.
+    """CREATE TABLE IF NOT EXISTS {lease_grants} (
+    run_id     TEXT PRIMARY KEY,
+    granted_at DOUBLE PRECISION NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL
+)""",
 )
 
 QUERIES: Final = {
@@ -150,7 +165,16 @@ QUERIES: Final = {
     "next_seq": "SELECT COALESCE(MAX(seq), 0) + 1 FROM {checkpoints} WHERE run_id = ?",
     "save": f"INSERT INTO {{checkpoints}} ({_CP_COLS}) VALUES (?, ?, ?, ?)",
     "latest": f"SELECT {_CP_COLS} FROM {{checkpoints}} WHERE run_id = ? ORDER BY seq DESC LIMIT 1",
+    # Completed with "(?, ?, ?), ..." per batch; a grant older than the one kept changes nothing.
+    "note_grants": "INSERT INTO {lease_grants} (run_id, granted_at, expires_at) VALUES",
+    "note_grants_tail": "ON CONFLICT (run_id) DO UPDATE SET granted_at = excluded.granted_at, "
+    "expires_at = excluded.expires_at WHERE excluded.granted_at > {lease_grants}.granted_at",
+    "grants": "SELECT run_id, granted_at, expires_at FROM {lease_grants} WHERE run_id IN",
 }
+
+#: Grants written per statement and transaction: on SQLite a few milliseconds of the write lock,
+#: the longest a stop waits for them.
+GRANTS_PER_STATEMENT: Final = 100
 
 
 def new_run_id() -> str:

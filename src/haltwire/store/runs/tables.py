@@ -12,6 +12,7 @@ from typing import Any
 
 from haltwire.store.runs import (
     DDL,
+    GRANTS_PER_STATEMENT,
     QUERIES,
     Checkpoint,
     RunRecord,
@@ -27,7 +28,7 @@ from haltwire.store.sql import Params, Store, Tables
 
 
 class SqlRunStore(Store):
-    TABLES = Tables("runs", "run store", ("runs", "checkpoints"), DDL)
+    TABLES = Tables("runs", "run store", ("runs", "checkpoints", "lease_grants"), DDL)
 
     def _any_of(self, run_ids: list[str]) -> tuple[str, Params]:
         """The end of the ``get_many`` query for ``run_ids`` and its parameters: per backend."""
@@ -65,6 +66,24 @@ class SqlRunStore(Store):
             seq = int(row[0]) if row is not None else 1
             await tx.execute(QUERIES["save"], (run_id, seq, text, at))
         return checkpoint_from_row((run_id, seq, text, at))
+
+    async def note_grants(self, grants: dict[str, tuple[float, float]]) -> None:
+        items = list(grants.items())
+        for start in range(0, len(items), GRANTS_PER_STATEMENT):
+            batch = items[start : start + GRANTS_PER_STATEMENT]
+            values = ", ".join("(?, ?, ?)" for _ in batch)
+            params = [v for run_id, (at, expires) in batch for v in (run_id, at, expires)]
+            # A transaction per statement: a stop waits for one short write, never the whole batch.
+            async with self._db.write() as tx:
+                await tx.execute(f"{QUERIES['note_grants']} {values} {QUERIES['note_grants_tail']}", params)
+
+    async def grants(self, run_ids: Sequence[str]) -> dict[str, tuple[float, float]]:
+        ids = list(dict.fromkeys(run_ids))
+        if not ids:
+            return {}
+        tail, params = self._any_of(ids)
+        rows = await self._db.all(f"{QUERIES['grants']} {tail}", params)
+        return {str(row[0]): (float(row[1]), float(row[2])) for row in rows}
 
     async def latest_checkpoint(self, run_id: str) -> Checkpoint | None:
         row = await self._db.one(QUERIES["latest"], (run_id,))
