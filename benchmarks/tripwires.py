@@ -4,6 +4,7 @@ Run from the repository root::
 
     .venv/bin/python benchmarks/tripwires.py                   # memory, and Redis if it answers
     .venv/bin/python benchmarks/tripwires.py --redis redis://127.0.0.1:6379/0 --calls 5000
+    .venv/bin/python benchmarks/tripwires.py --cluster                # and a private Redis Cluster
 
 For each store (``MemoryCounters``; ``RedisCounters`` under a unique key prefix, deleted
 afterwards) and each rule set (none; ``steps``; the four admission kinds; all six kinds; the five
@@ -19,14 +20,29 @@ On a shared 2-core machine (2026-12-02, 2,000 calls): memory p50 8 us without ru
 admission's script), 0.76 ms and 3 round trips with all six (the outcome's judgement is one
 more). The gateway benchmark's five: memory p50 56 us, 116 us with the content rule beside them
 (the built-in detector on a short result), which is why that row has five.
+
+``--cluster`` adds a Redis Cluster row per rule set: three ``redis-server`` masters on loopback,
+started as the tests start them (``tests/redis_cluster.py``). Target: a call's round trips on the
+cluster are Redis's, plus one per tenant- or agent-wide rule's owner (the identity's own counts
+stay in its admission's one script); the benchmark exits 1 when a row misses it. Measured
+(2026-12-03, 1,000 calls, load average 11 on 2 cores, so the times say little): 2.00 round trips
+per call without rules and with ``steps`` (2.00 commands on the wire), 3.00 with the admission
+kinds (their ``rate`` is per tenant: one more owner), 4.00 with all six and with the five (3.00
+on one Redis), every row on target.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import shutil
 import statistics
+import sys
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -125,42 +141,109 @@ def redis_answers(url: str) -> bool:
     return True
 
 
-async def cost(kind: str, rules: list[dict[str, Any]], calls: int, redis_url: str) -> tuple[list[float], int]:
-    """``measure`` on a fresh store of ``kind`` (``memory``, or ``redis`` under a unique prefix,
-    deleted afterwards)."""
+async def cost(
+    kind: str, rules: list[dict[str, Any]], calls: int, redis_url: str, cluster: Sequence[str] = ()
+) -> tuple[list[float], int]:
+    """``measure`` on a fresh store of ``kind`` (``memory``; ``redis``, or ``cluster`` on the
+    nodes ``cluster``, under a unique prefix, deleted afterwards)."""
     prefix = f"bench-tripwires-{uuid.uuid4().hex[:8]}"
-    store: CounterStore = (
-        MemoryCounters() if kind == "memory" else RedisCounters(redis_url, prefix=prefix, timeout_s=5)
-    )
+    store: CounterStore
+    if kind == "memory":
+        store = MemoryCounters()
+    elif kind == "cluster":
+        store = RedisCounters(list(cluster), prefix=prefix, timeout_s=5, cluster=True)
+    else:
+        store = RedisCounters(redis_url, prefix=prefix, timeout_s=5)
     try:
         return await measure(store, rules, calls)
     finally:
         await store.aclose()
-        if kind == "redis":
-            client = redis.Redis.from_url(redis_url)
-            keys = list(client.scan_iter(f"{prefix}:*"))
-            if keys:
-                client.delete(*keys)
+        if kind != "memory":
+            client: Any = (
+                redis.RedisCluster.from_url(cluster[0]) if kind == "cluster" else redis.Redis.from_url(redis_url)
+            )
+            for key in list(client.scan_iter(f"{prefix}:*")):
+                client.delete(key)
+            client.close()
 
 
-async def run(opts: argparse.Namespace) -> None:
+#: Commands the cluster client wrote to a node (``count_cluster_commands``): the round trips made.
+SENT = [0]
+
+
+def count_cluster_commands() -> None:
+    """Count every command redis-py's cluster client sends to a node (redirects and slot maps too)."""
+    from redis.asyncio.cluster import ClusterNode
+
+    send = ClusterNode.execute_command
+
+    async def counted(self: ClusterNode, *args: Any, **kwargs: Any) -> Any:
+        SENT[0] += 1
+        return await send(self, *args, **kwargs)
+
+    ClusterNode.execute_command = counted  # type: ignore[method-assign]
+
+
+def extra_owners(rules: list[dict[str, Any]]) -> int:
+    """The owners besides the identity a call's admission counts under on a cluster."""
+    return len({r["per"] for r in rules if r["kind"] == "rate" and r.get("per", "run") != "run"})
+
+
+@contextlib.contextmanager
+def private_cluster() -> Iterator[list[str] | str]:
+    """The node URLs of a three-master cluster started for the run, or why there is none."""
+    if shutil.which("redis-server") is None:
+        yield "no redis-server binary"
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from redis_cluster import redis_cluster
+
+    with tempfile.TemporaryDirectory() as tmp, redis_cluster(Path(tmp)) as c:
+        yield c.urls
+
+
+async def run(opts: argparse.Namespace, cluster: list[str] | str | None) -> int:
     stores = ["memory"]
     if redis_answers(opts.redis):
         stores.append("redis")
     else:
         print(f"(Redis at {opts.redis} does not answer: memory only)")
+    if isinstance(cluster, list):
+        stores.append("cluster")
+        count_cluster_commands()
+    elif cluster is not None:
+        print(f"(cluster skipped: {cluster})")
+    trips_of: dict[tuple[str, str], float] = {}
     for kind in stores:
         for name, rules in RULES.items():
-            seconds, trips = await cost(kind, rules, opts.calls, opts.redis)
-            per_call = f", {trips / opts.calls:.2f} round trips per call" if kind == "redis" else ""
-            print(f"{kind:6} {name:26} p50 {p(seconds, 50):8.1f} us  p99 {p(seconds, 99):8.1f} us{per_call}")
+            sent = SENT[0]
+            seconds, trips = await cost(kind, rules, opts.calls, opts.redis, cluster or ())
+            trips_of[kind, name] = trips / opts.calls
+            per_call = f", {trips / opts.calls:.2f} round trips per call" if kind != "memory" else ""
+            if kind == "cluster":  # (the warm-up's slot map and script loads included)
+                per_call += f" ({(SENT[0] - sent) / opts.calls:.2f} commands sent)"
+            print(f"{kind:7} {name:26} p50 {p(seconds, 50):8.1f} us  p99 {p(seconds, 99):8.1f} us{per_call}")
+    missed = 0
+    if "cluster" in stores and "redis" in stores:
+        print("target: round trips per call on the cluster = Redis's + one per tenant- or agent-wide owner")
+        for name, rules in RULES.items():
+            want = trips_of["redis", name] + extra_owners(rules)
+            got = trips_of["cluster", name]
+            ok = abs(got - want) < 1e-9
+            missed += not ok
+            print(f"  {name:26} cluster {got:.2f}, target {want:.2f}: {'met' if ok else 'MISSED'}")
+    return 1 if missed else 0
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
-    anyio.run(run, parser.parse_args())
+    parser.add_argument("--cluster", action="store_true", help="also on a private three-master Redis Cluster")
+    opts = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        cluster = stack.enter_context(private_cluster()) if opts.cluster else None
+        sys.exit(anyio.run(run, opts, cluster))
 
 
 if __name__ == "__main__":

@@ -146,7 +146,8 @@ def write_config(
     port: int,
     upstream: Upstream,
     backend: str,
-    redis_url: str = "",
+    redis_url: str | list[str] = "",
+    cluster: bool = False,
     prefix: str = "",
     budget: int = 100,
     extra_limits: str = "",
@@ -170,6 +171,8 @@ def write_config(
             f"prefix = {json.dumps(prefix)}",
             f"timeout_s = {timeout_s}",
         ]
+        if cluster:
+            lines.append("cluster = true")
     lines += ["", "[limits]", f"budget = {budget}", f"window_s = {WINDOW_S}"]
     if extra_limits:
         lines.append(extra_limits)

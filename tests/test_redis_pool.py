@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 import anyio
 import pytest
 import redis
+import redis.asyncio as aioredis
 
 from haltwire.config import ConfigError
 from haltwire.gateway import counter_store, redis_pool_size, shared_redis
@@ -130,7 +131,7 @@ def test_the_pool_is_sized_from_the_listeners_connection_cap_unless_set() -> Non
         data["gateway"]["listener"] = {"max_connections": 300}
         config = parse_config(data)
         client = shared_redis(config)
-        assert client is not None
+        assert isinstance(client, aioredis.Redis)
         size: int = client.connection_pool.max_connections
         assert size == redis_pool_size(config)
         return size

@@ -160,8 +160,16 @@ async def test_up_serves_every_part_and_goes_down_on_sigterm(tmp_path: Path) -> 
                 urls["demo upstream"].removesuffix("/mcp") + "/state",
             ):
                 assert (await http.get(probe)).status_code == 200, probe
-            # Another engineer's dashboard: on the admin listener, at this path (may be 404 here).
-            assert (await http.get(urls["dashboard"])).status_code < 500
+            # The dashboard, on the admin listener: the operator's token from its file signs in.
+            page = await http.get(urls["dashboard"])
+            assert page.status_code in (200, 401) and 'name="token"' in page.text
+            signed_in = await http.post(
+                urls["dashboard"] + "sign-in",
+                data={"token": (folder / "operator.token").read_text().strip()},
+                headers={"origin": admin},
+                follow_redirects=True,
+            )
+            assert signed_in.status_code == 200 and "haltwire_session" in http.cookies, signed_in.text[:300]
 
         token = (folder / "agent.token").read_text().strip()
         assert await refused_code(mcp_url, token) is None  # served

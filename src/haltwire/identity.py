@@ -54,6 +54,20 @@ class Identity:
         return (self.agent, self.tenant, self.version)
 
 
+# The names counts across identities live under, beside ``counted_as`` (``*`` is percent-encoded
+# in a name, so neither can be an identity's): on Redis Cluster each name is one slot.
+
+
+def tenant_counted_as(tenant: str) -> str:
+    """``TENANT/*``: every identity of a tenant."""
+    return f"{quote(tenant, safe='')}/*"
+
+
+def agent_counted_as(agent: str) -> str:
+    """``*/AGENT``: an agent in every tenant and version."""
+    return f"*/{quote(agent, safe='')}"
+
+
 def token_sha256(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 

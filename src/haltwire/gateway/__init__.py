@@ -8,7 +8,6 @@ from contextlib import AsyncExitStack
 
 import anyio
 import httpx2
-import redis.asyncio as aioredis
 
 from haltwire import __version__
 from haltwire.credentials import JwksKeys
@@ -36,7 +35,7 @@ from haltwire.store.idempotency import IdempotencyStore
 from haltwire.store.idempotency.memory import MemoryIdempotency
 from haltwire.store.idempotency.redis import RedisIdempotency
 from haltwire.store.idempotency.sqlite import SqliteIdempotency
-from haltwire.store.redis import redis_client
+from haltwire.store.redis import RedisClient, redis_client
 from haltwire.tripwires.calllog import CallLog, recording
 from haltwire.tripwires.engine import Tripwires
 from haltwire.tripwires.plan import RUN_TTL_S
@@ -53,15 +52,15 @@ def redis_pool_size(config: GatewayConfig) -> int:
     return config.counters.max_connections or config.gateway.listener.max_connections
 
 
-def shared_redis(config: GatewayConfig) -> aioredis.Redis | None:
+def shared_redis(config: GatewayConfig) -> RedisClient | None:
     """The one Redis client (and pool) of the counters and the idempotency records, if in Redis."""
     c = config.counters
     if c.backend != "redis":
         return None
-    return redis_client(c.url, timeout_s=c.timeout_s, max_connections=redis_pool_size(config))
+    return redis_client(c.url, timeout_s=c.timeout_s, max_connections=redis_pool_size(config), cluster=c.cluster)
 
 
-def counter_store(config: GatewayConfig, client: aioredis.Redis | None = None) -> CounterStore:
+def counter_store(config: GatewayConfig, client: RedisClient | None = None) -> CounterStore:
     c = config.counters
     if c.backend == "redis":
         return RedisCounters(
@@ -70,12 +69,13 @@ def counter_store(config: GatewayConfig, client: aioredis.Redis | None = None) -
             slot_ttl_s=c.slot_ttl_s,
             timeout_s=c.timeout_s,
             max_connections=redis_pool_size(config),
+            cluster=c.cluster,
             client=client,
         )
     return MemoryCounters()
 
 
-def idempotency_store(config: GatewayConfig, client: aioredis.Redis | None = None) -> IdempotencyStore:
+def idempotency_store(config: GatewayConfig, client: RedisClient | None = None) -> IdempotencyStore:
     """Idempotency records live where the counters do: in Redis for several gateways; for one,
     in a SQLite file (``[idempotency] path``: they outlive a restart) or in memory."""
     c = config.counters
@@ -86,6 +86,7 @@ def idempotency_store(config: GatewayConfig, client: aioredis.Redis | None = Non
             timeout_s=c.timeout_s,
             max_connections=redis_pool_size(config),
             retry_for_s=config.idempotency.ttl_s,
+            cluster=c.cluster,
             client=client,
         )
     if config.idempotency.path is not None:

@@ -120,7 +120,12 @@ class LabelsSection(ConfigModel):
 
 class CountersSection(ConfigModel):
     backend: Literal["memory", "redis"] = "memory"
-    url: str = "redis://127.0.0.1:6379/0"
+    #: The Redis server; with ``cluster``, one node of the cluster or several (a list: the first
+    #: that answers at start-up tells the gateway the rest).
+    url: str | list[str] = "redis://127.0.0.1:6379/0"
+    #: Redis Cluster: every admission is one script per owner of its counters (an identity,
+    #: and a tenant or an agent for the tripwires counted across identities).
+    cluster: bool = False
     prefix: str = "haltwire"
     #: A slot held in Redis expires after this long, so a crashed gateway cannot hold it forever.
     #: It must outlast the longest deadline; the gateway checks that at start-up.
@@ -337,6 +342,8 @@ class GatewayConfig(ConfigModel):
                 "to verify one with"
             )
         longest = max(self._deadlines(), default=self.limits.deadline_s)
+        if isinstance(self.counters.url, list) and not (self.counters.cluster and self.counters.url):
+            raise ValueError("counters.url is a list only for a Redis Cluster's nodes (counters.cluster = true)")
         if self.counters.backend == "redis" and self.counters.slot_ttl_s <= longest:
             raise ValueError(
                 f"counters.slot_ttl_s ({self.counters.slot_ttl_s:g}) must exceed the longest deadline "

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from haltwire.gateway.ceilings import RUN_WINDOW_S
-from haltwire.identity import Identity
+from haltwire.identity import Identity, tenant_counted_as
 from haltwire.store.counters import CounterStore, CountersUnavailable, Tally
 
 log = logging.getLogger("haltwire.gateway")
@@ -105,9 +105,10 @@ class UsageCounts:
     def keys(self, identity: Identity, run: str | None) -> list[str]:
         """The count keys a call of ``identity`` in ``run`` adds to (without ``:in``/``:out``)."""
         window = int(self._clock() // self.window_s)
-        out = [f"usage:{identity.counted_as}:w{window}", f"usage:tenant:{identity.tenant}:w{window}"]
+        # Each under who it counts (on Redis Cluster, one slot each: ``store.counters.parts``).
+        out = [f"{identity.counted_as}:usage:w{window}", f"{tenant_counted_as(identity.tenant)}:usage:w{window}"]
         if run is not None:
-            out.append(f"usage:{identity.counted_as}:r:{run}")
+            out.append(f"{identity.counted_as}:usage:r:{run}")
         return out
 
     def _ops(self, identity: Identity, run: str | None, usage: Usage) -> list[Tally]:

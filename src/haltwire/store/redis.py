@@ -10,15 +10,32 @@ Sizing: a request to the gateway makes at most one Redis round trip at a time (a
 complete, release follow each other), so a pool as large as the listener's connection cap
 (``[gateway.listener] max_connections``, the gateway's default) never makes a round trip
 wait while Redis keeps up. Connections are opened on demand and kept for reuse.
+
+Redis Cluster (``cluster``): redis-py's cluster client, which keeps a pool per master of
+``max_connections`` and raises past it instead of waiting (sized as above, a gateway never gets
+there). It follows MOVED and ASK replies (a script that was redirected never ran) within the
+stores' deadline, and never retries a command that may have run: a connection error, a timeout
+or CLUSTERDOWN raises, and the store fails closed.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypeAlias
+from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
+from redis._parsers import AsyncCommandsParser
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import RedisClusterException, RedisError
+
+#: What the stores talk to: one Redis server, or a cluster.
+RedisClient: TypeAlias = aioredis.Redis | RedisCluster
+#: What a failed command raises (the cluster client's own errors are no ``RedisError``;
+#: a timeout is an ``OSError``).
+REDIS_ERRORS = (RedisError, RedisClusterException, OSError)
 
 #: The pool of a store that builds its own client (the gateway passes its listener's cap).
 MAX_CONNECTIONS = 1024
@@ -41,13 +58,24 @@ def no_maintenance_notifications() -> dict[str, Any]:
 
 
 def redis_client(
-    url: str, *, timeout_s: float, max_connections: int = MAX_CONNECTIONS, **options: Any
-) -> aioredis.Redis:
+    url: str | Sequence[str],
+    *,
+    timeout_s: float,
+    max_connections: int = MAX_CONNECTIONS,
+    cluster: bool = False,
+    **options: Any,
+) -> RedisClient:
     """A client on a blocking pool of ``max_connections``; no command is retried by redis-py
     (a retried admission whose reply was lost would count twice). ``options`` go to each
-    connection (the benchmark's counting ``connection_class``)."""
+    connection (the benchmark's counting ``connection_class``). ``cluster``: a Redis Cluster,
+    found from ``url`` (one node's URL, or several: the first that answers tells the rest)."""
+    urls = [url] if isinstance(url, str) else list(url)
+    if cluster:
+        return cluster_client(urls, timeout_s=timeout_s, max_connections=max_connections)
+    if len(urls) != 1:
+        raise ValueError("several Redis URLs name the nodes of a cluster; set cluster = true")
     pool = aioredis.BlockingConnectionPool.from_url(
-        url,
+        urls[0],
         max_connections=max_connections,
         timeout=timeout_s,  # the stores' own deadline usually ends the wait first
         socket_timeout=timeout_s,
@@ -58,3 +86,53 @@ def redis_client(
         **options,
     )
     return aioredis.Redis.from_pool(pool)
+
+
+async def ready(client: RedisClient) -> None:
+    """Before a command: a cluster client maps the slots first (redis-py sends the first command
+    of a client without a map to any node, and five MOVED replies at once make it close every
+    connection, the other calls' included). No I/O once mapped; call it within the deadline."""
+    if isinstance(client, RedisCluster):
+        await client.initialize()
+
+
+class _CommandTableOnce(AsyncCommandsParser):
+    """redis-py's table of commands, fetched (``COMMAND``) once, not on every new map of the slots.
+
+    The client maps the slots again after every connection error, and every other command waits
+    for it: while a master is down, each refused call of its keys made the others wait for a
+    ``COMMAND`` reply of hundreds of entries (0.05 to 0.15 s here), past their deadlines."""
+
+    async def initialize(self, node: ClusterNode | None = None) -> None:
+        if node is not None:
+            self.node = node
+        if not getattr(self, "commands", None):
+            await super().initialize(node)
+
+
+def cluster_client(urls: Sequence[str], *, timeout_s: float, max_connections: int) -> RedisCluster:
+    """The cluster client: ``urls`` are startup nodes (credentials and TLS from the first), no
+    retries, nodes without slots tolerated (a master that is down takes only its own keys)."""
+    nodes = []
+    for u in urls:
+        parts = urlsplit(u)
+        if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+            raise ValueError(f"{u!r} is not a redis:// or rediss:// URL of a cluster node")
+        if parts.path not in ("", "/", "/0"):
+            raise ValueError(f"{u!r} names a database: a Redis Cluster has only database 0")
+        nodes.append(ClusterNode(parts.hostname, parts.port or 6379))
+    client = RedisCluster.from_url(
+        urls[0],
+        startup_nodes=nodes,
+        require_full_coverage=False,
+        # A MOVED reply patches the map of its slot (the default also closes every connection
+        # on each fifth one, failing the calls in flight on them).
+        reinitialize_steps=0,
+        max_connections=max_connections,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+        **no_maintenance_notifications(),
+    )
+    client.commands_parser = _CommandTableOnce()
+    return client

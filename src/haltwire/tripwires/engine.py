@@ -183,7 +183,7 @@ class Tripwires:
         for r in self._held:  # whatever the tool: a held trip refuses the whole scope
             scope = stop_scope(r, identity, run)
             if scope is not None:
-                plan.add(Tally(hold_key(r, scope), 0, 0, 1.0), r, HELD, 0)
+                plan.add(Tally(hold_key(r, scope, identity), 0, 0, 1.0), r, HELD, 0)
         for r in self._admission:
             if not r.counts(tool, label) or (r.per_run and run is None):
                 continue
@@ -361,7 +361,7 @@ class Tripwires:
         if self._hold_s is None or not tripped:
             return
         scopes = {(r.name, s) for r in tripped if r in self._held and (s := stop_scope(r, identity, run))}
-        ops = [Tally(hold_key(name, scope), 1, None, self._hold_s) for name, scope in sorted(scopes)]
+        ops = [Tally(hold_key(name, scope, identity), 1, None, self._hold_s) for name, scope in sorted(scopes)]
         if not ops:
             return
         try:

@@ -46,7 +46,7 @@ from urllib.parse import quote
 from pydantic import Field, model_validator
 
 from haltwire.config import BearerToken, ConfigModel, ControlLink, Label
-from haltwire.identity import Identity
+from haltwire.identity import Identity, agent_counted_as, tenant_counted_as
 from haltwire.refusal import iso_utc
 
 Mode = Literal["off", "shadow", "enforce"]
@@ -283,13 +283,14 @@ def stop_scope(rule: TripwireRule, identity: Identity, run: str | None) -> str |
 
 
 def count_key(rule: TripwireRule, identity: Identity, run: str | None, window: int | None = None) -> str:
-    """The count's name: the rule's, then what it counts per (and the window of a rate)."""
+    """The count's name: first who it counts (a tenant, an agent, or for a run its identity: a
+    lease binds a run to one), then the rule's name, its run and the window of a rate."""
     if rule.per == "tenant":
-        base = f"{rule.name}:tenant:{quoted(identity.tenant)}"
+        base = f"{tenant_counted_as(identity.tenant)}:{rule.name}"
     elif rule.per == "agent":
-        base = f"{rule.name}:agent:{quoted(identity.agent)}"
+        base = f"{agent_counted_as(identity.agent)}:{rule.name}"
     else:
-        base = f"{rule.name}:run:{quoted(identity.tenant)}/{quoted(run or '')}"
+        base = f"{identity.counted_as}:{rule.name}:run:{quoted(run or '')}"
     return base if window is None else f"{base}:{window}"
 
 
@@ -297,10 +298,18 @@ def count_key(rule: TripwireRule, identity: Identity, run: str | None, window: i
 HELD: Final = "held"
 
 
-def hold_key(rule: TripwireRule | str, scope: str) -> str:
-    """The name a trip is held under in shared counters (``engine.Tripwires._hold``)."""
+def hold_key(rule: TripwireRule | str, scope: str, identity: Identity) -> str:
+    """The name a trip is held under in shared counters (``engine.Tripwires._hold``): first who
+    the scope covers (a run's identity, a tenant, or an agent for its agent and version scopes)."""
     name = rule if isinstance(rule, str) else rule.name
-    return f"{name}:held:{quoted(scope)}"
+    kind, _, what = scope.partition(":")
+    if kind == "tenant":
+        who = tenant_counted_as(what)
+    elif kind in ("agent", "version"):
+        who = agent_counted_as(identity.agent)
+    else:
+        who = identity.counted_as
+    return f"{who}:{name}:held:{quoted(scope)}"
 
 
 def over_limit(

@@ -4,6 +4,12 @@ The admission policy (``haltwire.gateway.ceilings``) decides *what* to count and
 a store only counts, atomically: one ``admit`` checks every counter it is given and
 either takes all of them or none. A new backend is one module implementing
 ``CounterStore``; the policy never changes when the store does.
+
+A counter's key starts with its owner, ``OWNER:...`` (an identity's ``counted_as``, or a
+tenant's or an agent's for what is counted across identities, ``haltwire.identity``). On Redis
+Cluster an admission is one atomic script per owner, and a refusal by a later one gives back
+what the earlier took: still all or nothing, never past a limit, but not one instant
+(``parts``).
 """
 
 from __future__ import annotations
@@ -105,7 +111,8 @@ class CounterStore(Protocol):
         tallies: Sequence[TallyOp] = (),
     ) -> Decision:
         """Check every counter (and every limited ``Tally``); if all have room, count the call in
-        each budget, take a slot in each, and apply every tally op. One round trip."""
+        each budget, take a slot in each, and apply every tally op. One round trip (on Redis
+        Cluster, one per owner of the counters)."""
         ...
 
     async def tally(self, ops: Sequence[TallyOp], now: float) -> Tallies:

@@ -8,9 +8,10 @@
 -- Every time comes from the caller's clock (now) and every expiry is relative to it: an
 -- absolute PEXPIREAT would be read on the Redis server's clock, and a gateway clock behind it
 -- (or a test clock) would delete a budget's counter as soon as it is counted: no budget at all.
--- Returns {kind, i, counts...}: kind 0 when admitted, 1 when budget i refused, 2 when slot counter
--- i refused, 3 when tally i would have gone past its limit; counts are each tally op's count,
--- after it when admitted, as it was otherwise.
+-- Returns {kind, i, counts..., raws...}: kind 0 when admitted, 1 when budget i refused, 2 when slot
+-- counter i refused, 3 when tally i would have gone past its limit; counts are each tally op's
+-- count, after it when admitted, as it was otherwise; raws are each tally op's value before it
+-- ('' for none), what refund.lua puts back if a later part of the admission refuses (a cluster).
 local nb = tonumber(ARGV[1])
 local nt = tonumber(ARGV[2])
 local now = tonumber(ARGV[3])
@@ -20,8 +21,10 @@ local ns = #KEYS - nb - nt
 local t0 = 5 + 2 * nb + ns -- the ARGV index before the first tally op's
 local counts = {}
 local seen = {}
+local raws = {}
 for i = 1, nt do
   local raw = redis.call('GET', KEYS[nb + ns + i])
+  raws[i] = raw or ''
   if ARGV[t0 + 4 * i - 3] == 'r' then
     if raw then
       local sep = string.find(raw, ':', 1, true)
@@ -37,7 +40,7 @@ for i = 1, nt do
 end
 local function refused(kind, i)
   local out = {kind, i}
-  for j = 1, nt do out[j + 2] = counts[j] end
+  for j = 1, nt do out[j + 2] = counts[j]; out[j + 2 + nt] = raws[j] end
   return out
 end
 for i = 1, nb do
@@ -82,5 +85,6 @@ for i = 1, nt do
     redis.call('SET', key, a .. ':' .. count, 'PX', pttl)
   end
   out[i + 2] = count
+  out[i + 2 + nt] = raws[i]
 end
 return out

@@ -12,23 +12,25 @@ reply was lost would find its own claim and answer ``InFlight``. Nor is ``releas
 lost reply had freed the key, another call may claim it, and a repeat would free that claim.
 ``complete`` is retried (setting the same outcome again is harmless; a lost one would leave the
 key in flight, every repeat refused ``outcome_unknown``), in a task the gateway starts.
+
+Each script touches one key, ``PREFIX:{TENANT/AGENT}:i:DIGEST``, so it is one round trip on
+Redis Cluster too (the hash tag keeps one agent's records in one slot).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
 import anyio.abc
-import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
 
 from haltwire.store.idempotency import CONFLICT, FRESH, IN_FLIGHT, Begun, IdempotencyUnavailable, Recorded
 from haltwire.store.lua import lua_script
-from haltwire.store.redis import MAX_CONNECTIONS, redis_client
+from haltwire.store.redis import MAX_CONNECTIONS, REDIS_ERRORS, RedisClient, ready, redis_client
 from haltwire.store.retry import Retries
 
 log = logging.getLogger("haltwire.store")
@@ -42,13 +44,14 @@ _RELEASE = lua_script(__package__, "release.lua")
 class RedisIdempotency:
     def __init__(
         self,
-        url: str = "redis://127.0.0.1:6379/0",
+        url: str | Sequence[str] = "redis://127.0.0.1:6379/0",
         *,
         prefix: str = "haltwire",
         timeout_s: float = 0.5,
         max_connections: int = MAX_CONNECTIONS,
         retry_for_s: float = 86400.0,
-        client: aioredis.Redis | None = None,
+        cluster: bool = False,
+        client: RedisClient | None = None,
     ) -> None:
         """``retry_for_s``: how long a failed ``complete`` is retried (the records' ``ttl_s``:
         past it the record is gone). ``client``: shared, closed by its owner, not here."""
@@ -56,7 +59,9 @@ class RedisIdempotency:
         self._timeout_s = timeout_s
         self._retry_for_s = retry_for_s
         self._owns_client = client is None
-        self._redis = client or redis_client(url, timeout_s=timeout_s, max_connections=max_connections)
+        self._redis = client or redis_client(
+            url, timeout_s=timeout_s, max_connections=max_connections, cluster=cluster
+        )
         #: Outcomes that could not be recorded at once, retried.
         self.completions = Retries("outcome record")
         self._begin = self._redis.register_script(_BEGIN)
@@ -76,8 +81,9 @@ class RedisIdempotency:
     async def _run(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
         try:
             with anyio.fail_after(self._timeout_s):
+                await ready(self._redis)
                 return await script(keys=keys, args=args)
-        except (RedisError, OSError) as exc:  # (TimeoutError is an OSError)
+        except REDIS_ERRORS as exc:  # (TimeoutError is an OSError)
             raise IdempotencyUnavailable(str(exc) or type(exc).__name__) from exc
 
     async def begin(self, scope_key: str, fingerprint: str, now: float, ttl_s: float) -> Begun:
