@@ -17,28 +17,14 @@ from typing import Any
 
 import pytest
 
+from drill_harness import drill
+
 #: The stop rungs take the scope kinds round-robin: two reps of every rung cover them all.
 KINDS = {"run", "tenant", "agent", "version", "global", "tool", "model"}
 RUNGS = ["sdk", "gateway", "model", "broker", "egress", "executor", "fail_closed"]
 #: Where each rung's side effects are recorded: the canary upstream, or the canary targets.
 RECORD = {"model": "targets", "broker": "targets", "egress": "targets"}
 REPS = 2
-
-
-def drill(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    """``haltwire drill --embedded ARGS`` to its exit; past ``timeout``, SIGTERM (the drill takes
-    its stack down on it) and the test fails."""
-    command = [sys.executable, "-m", "haltwire", "drill", "--embedded", *args]
-    with subprocess.Popen(
-        command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    ) as child:
-        try:
-            out, err = child.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            child.terminate()
-            out, err = child.communicate(timeout=30)
-            pytest.fail(f"the drill ran past {timeout:g} s; its stderr:\n{err}")
-    return subprocess.CompletedProcess(command, child.returncode, out, err)
 
 
 @pytest.mark.timeout(150)
@@ -49,7 +35,7 @@ def test_a_short_drill_measures_every_rung_and_agrees_with_the_canary_records() 
     rungs = {r["rung"]: r for r in data["rungs"]}
     assert list(rungs) == RUNGS
     assert data["ok"] is True and data["broken"] == {} and data["skipped"] == {}
-    assert data["left_behind"] == {"active_stops": 0, "runs_not_ended": 0}
+    assert data["left_behind"] == {"active_stops": 0, "runs_not_ended": 0, "unmarked_records": 0}
     assert set().union(*(r["scope_kinds"] for r in rungs.values())) - {"unreachable"} == KINDS
     assert rungs["fail_closed"]["scope_kinds"] == ["unreachable"]
     target = data["agent_class"]["time_to_stop_s"]

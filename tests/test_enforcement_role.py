@@ -62,6 +62,7 @@ async def test_whoami_names_every_role_and_whether_it_is_sent_every_stop(tmp_pat
                 "tenant": "default" if agent else None,
                 "version": "0" if agent else None,
                 "reads_every_stop": role in EVERY_STOP,
+                "drill": False,  # no drill identity here (test_drill_running.py has them)
             }
         r = await http.get("/v1/whoami")
         assert r.status_code == 401 and conforms(r, "get", "/v1/whoami")["error"]["code"] == "unauthenticated"

@@ -42,7 +42,9 @@ async def mirror(stores: Stores) -> StopSet:
 
 
 def scopes_of(run: dict[str, Any]) -> RunRecord:
-    return RunRecord(**{**run, "tools": tuple(run["tools"])})
+    """The record the API's run was served from (its ``drill`` is the API's: no drill runs here)."""
+    assert run["drill"] is False
+    return RunRecord(**{**{k: v for k, v in run.items() if k != "drill"}, "tools": tuple(run["tools"])})
 
 
 # -- registration and renewal -------------------------------------------------------------------

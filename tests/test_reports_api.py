@@ -133,8 +133,10 @@ async def test_a_report_has_each_intent_in_its_section_the_stops_and_the_timelin
         seqs = [t["seq"] for t in timeline]
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
         for t in timeline:
-            assert t == {k: records[t["seq"]][k] for k in t}
-            assert set(t) == {"seq", "at", "actor", "role", "action", "target", "outcome", "reason", "malformed"}
+            record = records[t["seq"]]
+            assert t == {k: record[k] for k in t if k != "drill"} | {"drill": record["detail"].get("drill") is True}
+            assert set(t) == {"seq", "at", "actor", "role", "action", "target", "outcome", "reason", "malformed", "drill"}
+            assert t["drill"] is False  # no drill identity here (test_drill_data.py has them)
         steps = [(t["action"], t["target"], t["outcome"]) for t in timeline]
         i = ids
         assert steps == [

@@ -423,6 +423,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="the rungs, comma-separated (default: all)",
     )
     dr.add_argument("--json", action="store_true", help="print the figures as JSON")
+    dr.add_argument("--html", type=Path, default=None, metavar="FILE", help="write a self-contained HTML report")
+    from haltwire.drill import add_running_stack_arguments  # light: argparse only
+
+    add_running_stack_arguments(dr)
     dr.add_argument("--seed", type=int, default=None, help="seed the random moments of the stops")
     # Tests: break the gateway rung on purpose (a gateway without [control] nor [leases], or none).
     dr.add_argument("--break", dest="broken", choices=["gateway-without-control", "no-gateway"], help=argparse.SUPPRESS)

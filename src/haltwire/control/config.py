@@ -255,6 +255,9 @@ class IdentityEntry(TokenFields):
     version: str = "0"
     #: When the token stops being accepted (a TOML datetime with its UTC offset).
     expires: datetime | None = None
+    #: A drill's identity (``haltwire drill``): what it writes is drill data, and so is every run
+    #: of its tenant when it is an agent (``haltwire.control.drills``).
+    drill: bool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> IdentityEntry:
@@ -278,6 +281,8 @@ class Caller:
     version: str = "0"
     #: Unix time after which the token is refused as expired.
     expires_at: float | None = None
+    #: A drill's identity: its writes are drill data (``haltwire.control.drills``).
+    drill: bool = False
 
     @property
     def runs_as(self) -> str | None:
@@ -369,6 +374,12 @@ class ControlConfig(ConfigModel):
                 f"identities: an agent id is an executor's name in the same tenant: {', '.join(clashes)}; "
                 "rename one (an executor's runs carry its name as agent)"
             )
+        # A drill tenant's runs are drill data wholesale: no real agent may register runs in it.
+        drills = {i.tenant for i in self.identities if i.role == "agent" and i.drill}
+        mixed = sorted({f"{i.name} (tenant {i.tenant})" for i in self.identities
+                        if i.role == "agent" and not i.drill and i.tenant in drills})  # fmt: skip
+        if mixed:
+            raise ValueError(f"identities: {', '.join(mixed)} is in a drill tenant; give it drill = true, or another tenant")
         hashes = [i.token_sha256 or token_sha256(i.token or "") for i in self.identities]
         if len(set(hashes)) != len(hashes):
             raise ValueError("identities: two identities share one token")
@@ -394,7 +405,7 @@ class ControlConfig(ConfigModel):
         """Token SHA-256 to caller."""
         return {
             i.digest: Caller(
-                i.name, i.role, i.agent, i.tenant, i.version, i.expires.timestamp() if i.expires else None
+                i.name, i.role, i.agent, i.tenant, i.version, i.expires.timestamp() if i.expires else None, i.drill
             )
             for i in self.identities
         }

@@ -3,7 +3,8 @@
 Tripwires stop the run, not the fleet; when several runs trip, the rules of ``[[escalations]]``
 widen the stop (the seed: "escalate from run to tenant to agent version as more runs trip").
 A trip is a ``run:`` stop issued by a caller of role ``tripwire`` (the gateway's tripwires
-through the API, ``intent-limit``, ``wall-clock``) of a registered run, not cleared. For each
+through the API, ``intent-limit``, ``wall-clock``) of a registered run, not cleared; never a
+drill's (a drill identity's stop, a drill run's: ``haltwire.control.drills``). For each
 rule, the trips in the new trip's group (its run's tenant; its agent version; its agent; every
 run, for ``global``) issued within ``window_s`` are counted, by distinct run or distinct tenant;
 at ``count``, the rule fires:
@@ -65,7 +66,7 @@ class Record(Protocol):
 def tripwire_actors(plane: Plane) -> list[str]:
     """The names whose ``run:`` stops are trips: the config's tripwire identities and the control
     plane's own rules (no identity may take their names: ``RULE_CALLERS``)."""
-    names = {c.name for c in plane.callers.values() if c.role == "tripwire"}
+    names = {c.name for c in plane.callers.values() if c.role == "tripwire" and not c.drill}
     return sorted(names | (RULE_CALLERS - {ESCALATION_CALLER.name}))
 
 
@@ -108,14 +109,14 @@ async def escalate(
     """Count ``stop`` (just written in the open transaction) for every rule, if it is a trip; the
     stops the rules wrote (the module's docstring)."""
     rules = [r for r in plane.config.escalations if r.mode != "off"]
-    if not rules or caller.role != "tripwire" or not stop.scope.startswith("run:"):
-        return ()
+    if not rules or caller.role != "tripwire" or caller.drill or not stop.scope.startswith("run:"):
+        return ()  # a drill's stops are no incident (``haltwire.control.drills``)
     if stop.expires_at is not None and stop.expires_at <= now:
         return ()  # issued already expired: it stopped nothing
     stores = plane.open
     run = await stores.runs.get(stop.scope.removeprefix("run:"))
-    if run is None:
-        return ()  # a run never registered: no tenant, no version to count it in
+    if run is None or plane.drills.of_tenant(run.tenant):
+        return ()  # a run never registered: no tenant, no version to count it in; or a drill's
     actors = tripwire_actors(plane)
     written: list[StopRecord] = []
     for rule in rules:
@@ -128,7 +129,7 @@ async def escalate(
         last = await stores.trips.last_escalation(rule.rule, scope)
         if last is not None:
             after = max(after, last)
-        trips = await stores.trips.trips(actors, group, after)
+        trips = [t for t in await stores.trips.trips(actors, group, after) if not plane.drills.of_tenant(t.tenant)]
         if counted(trips, rule.unit) < rule.count:
             continue
         causes = [t.stop_id for t in trips]

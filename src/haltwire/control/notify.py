@@ -98,7 +98,8 @@ class Content:
 
 
 def _entry(r: AuditRecord) -> TimelineEntry:
-    return TimelineEntry(r.seq, r.at, r.actor, r.role, r.action, r.target, r.outcome, r.reason, r.malformed)
+    drill = r.detail.get("drill") is True
+    return TimelineEntry(r.seq, r.at, r.actor, r.role, r.action, r.target, r.outcome, r.reason, r.malformed, drill)
 
 
 def _trigger(timeline: list[TimelineEntry], event: Event) -> list[TimelineEntry]:

@@ -122,7 +122,8 @@ def _stops(args: argparse.Namespace) -> None:
         print("no stops" if args.all else "no active stops")
     for s in stops:
         state = f"cleared by {s['cleared_by']}" if s["cleared"] else "active"
-        print(f"{s['stop_id']}  {s['scope']:<24}  {state:<20}  by {s['issued_by']}: {s['reason']}")
+        drill = "  [drill]" if s.get("drill") else ""
+        print(f"{s['stop_id']}  {s['scope']:<24}  {state:<20}  by {s['issued_by']}: {s['reason']}{drill}")
 
 
 def _audit(args: argparse.Namespace) -> None:
@@ -158,8 +159,9 @@ def _audit(args: argparse.Namespace) -> None:
         print(json.dumps(records, indent=2))
         return
     for r in records:
+        drill = "[drill] " if r.get("drill") or (r.get("detail") or {}).get("drill") else ""
         print(
-            f"{r['seq']:>5}  {r['actor']} ({r['role']})  {r['action']} {r['target']}  {r['outcome']}: {r['reason']}"
+            f"{r['seq']:>5}  {drill}{r['actor']} ({r['role']})  {r['action']} {r['target']}  {r['outcome']}: {r['reason']}"
         )
 
 
@@ -225,7 +227,8 @@ def _report(args: argparse.Namespace) -> None:
     ended = f"ended {_when(run['ended_at'])}" if run["ended_at"] is not None else "not ended"
     console.print(
         f"run {run['run_id']}  agent {run['agent']}@{run['version']}  tenant {run['tenant']}  "
-        f"registered {_when(run['registered_at'])}  {ended}",
+        f"registered {_when(run['registered_at'])}  {ended}"
+        + ("  [drill: a drill's run, not an incident]" if report.get("drill") else ""),
         markup=False,
     )
     stops = {s["stop_id"]: s for s in report["stops"]}

@@ -18,10 +18,12 @@ import anyio
 
 from haltwire.control.broker import Broker
 from haltwire.control.config import Caller, ControlConfig
+from haltwire.control.drills import DrillData
 from haltwire.control.errors import Refused
 from haltwire.control.leases import LeaseDesk
 from haltwire.control.mirror import StopMirror
 from haltwire.control.stores import Stores
+from haltwire.stops import StopRecord
 from haltwire.store.audit import Head, Outcome
 from haltwire.store.registry import RegistryUnavailable
 
@@ -67,6 +69,8 @@ class Plane:
         self.replay_reads = anyio.Semaphore(REPLAY_READS)
         #: The audit log's head as last read (``follow_audit_head``): the watch publishes it.
         self.audit_head: Head | None = None
+        #: The drill identities and tenants, whose data is marked (``haltwire.control.drills``).
+        self.drills = DrillData.from_config(config)
 
     @property
     def open(self) -> Stores:
@@ -129,12 +133,22 @@ class Plane:
             owner = self._run_owners[run_id] = (run.agent, run.tenant)
         return owner
 
+    async def run_tenant(self, run_id: str) -> str | None:
+        owner = await self.run_owner(run_id)
+        return None if owner is None else owner[1]
+
+    async def stop(self, stop_id: str) -> StopRecord | None:
+        return await self.open.registry.get_stop(stop_id)
+
     async def audit(
         self, caller: Caller, action: str, target: str, outcome: Outcome, reason: str, **detail: Any
     ) -> None:
         """Append a record. The log is append-only and never pruned, so text a caller chose (a
-        refused body's values echoed in a message, say) is kept as an excerpt and a hash."""
+        refused body's values echoed in a message, say) is kept as an excerpt and a hash. Drill
+        data says so (``drill: true``; ``haltwire.control.drills``)."""
         kept = {k: excerpt(v) if isinstance(v, str) else v for k, v in detail.items()}
+        if await self.drills.record(caller, target, detail, self.run_tenant, self.stop):
+            kept["drill"] = True
         await self.open.audit.append(
             caller.name, caller.role, action, excerpt(target), outcome, excerpt(reason), kept, now=time.time()
         )

@@ -61,6 +61,8 @@ class TimelineEntry:
     reason: str
     #: Set when the stored record is not a record (``AuditRecord.malformed``): tampered with.
     malformed: str | None = None
+    #: The record is drill data (``haltwire.control.drills``).
+    drill: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +83,8 @@ class RunReport:
     #: Model tokens and their cost, as the gateways reported them (``haltwire.control.usage``).
     usage: RunUsage
     timeline: list[TimelineEntry]
+    #: A drill run (``haltwire.control.drills``): no incident.
+    drill: bool = False
 
 
 def _names(value: Any) -> set[str] | None:
@@ -140,11 +144,14 @@ async def report(plane: Plane, caller: Caller, run_id: str) -> RunReport:
     candidates = await stores.audit.about({run.run_id, *intent_ids, *stop_ids})
     records = [r for r in candidates if about_run(r, run.run_id, intent_ids, stop_ids)]
     timeline = [
-        TimelineEntry(r.seq, r.at, r.actor, r.role, r.action, r.target, r.outcome, r.reason, r.malformed)
+        TimelineEntry(
+            r.seq, r.at, r.actor, r.role, r.action, r.target, r.outcome, r.reason, r.malformed, r.detail.get("drill") is True
+        )
         for r in records
     ]
     # The store lists oldest first; a section spanning two states keeps that order.
     sections = {section: [i for i in intents if i.state in states] for section, states in SECTIONS.items()}
     calls = stopped_calls(records, run.run_id)
     usage = run_usage(records, run.run_id)
-    return RunReport(run=run, **sections, stops=stops, calls=calls, usage=usage, timeline=timeline)
+    drill = plane.drills.of_tenant(run.tenant)
+    return RunReport(run=run, **sections, stops=stops, calls=calls, usage=usage, timeline=timeline, drill=drill)

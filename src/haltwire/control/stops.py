@@ -8,7 +8,8 @@ the control plane's own rules (``[[intent_limits]]``). In one transaction:
    digest: the audit chain covers the registry's rows);
 3. the intents it covers whose call was not made (pending, awaiting approval, claimed but never
    checked) are cancelled, and that is audited too;
-4. with ``[[notify]]``, a page for each receiver goes to the outbox (``pages.page``);
+4. with ``[[notify]]``, a page for each receiver goes to the outbox (``pages.page``), unless
+   it is a drill's stop (``haltwire.control.drills``);
 5. a tripwire's stop of a run is counted by the escalation rules (``[[escalations]]``,
    ``haltwire.control.escalation``), and a rule it takes past its count writes its own stop
    (steps 1 to 4 again) in the same transaction: ``Written.escalated``;
@@ -141,7 +142,8 @@ async def record(
         await audit_cancelled(plane, caller, scope_, stop.stop_id, cancelled)
     rule = detail.get("rule") or (caller.name if caller.role == "tripwire" else None)  # a tripwire's stop names it
     kind: PageEvent = "escalation" if "caused_by" in detail else "stop"
-    await page(plane, stop_event(stop, rule, kind))  # to the outbox only: sent after the commit
+    if not (caller.drill or await plane.drills.of_stop(stop, plane.run_tenant)):  # a drill pages no one
+        await page(plane, stop_event(stop, rule, kind))  # to the outbox only: sent after the commit
     return stop
 
 

@@ -80,17 +80,15 @@ class CanaryRun:
             self.refused.set()
 
 
-def control_client(url: str) -> ControlClient:
+def control_client(url: str, token: str = TOKENS["runtime"]) -> ControlClient:
     """The canary runtime's client of the control plane's agents' listener."""
-    return ControlClient(url, TOKENS["runtime"], timeout_s=CONTROL_TIMEOUT_S)
+    return ControlClient(url, token, timeout_s=CONTROL_TIMEOUT_S)
 
 
 @asynccontextmanager
-async def mcp_client(url: str) -> AsyncIterator[Client]:
+async def mcp_client(url: str, token: str = TOKENS["agent"]) -> AsyncIterator[Client]:
     """The official MCP client on the gateway, as the canary agent."""
-    http = httpx2.AsyncClient(
-        headers={"Authorization": f"Bearer {TOKENS['agent']}"}, timeout=httpx2.Timeout(10.0, read=30.0)
-    )
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(10.0, read=30.0))
     async with http, Client(streamable_http_client(url, http_client=http), cache=None) as client:
         yield client
 

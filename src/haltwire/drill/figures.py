@@ -8,7 +8,8 @@ In this order, ``summarize(reps, target_s)``:
    canary upstream recorded for the run (0 when there was none after it), to the first refusal
    the runtime saw, and to the lease's end (the SDK's runtime): p50, p99 and max;
 3. the side effects recorded after the stop: how many, and what they were;
-4. the verdict: a rung is ``broken`` when one of its reps could not be measured (the run was never
+4. the verdict: a rung is ``skipped`` when it cannot run on the stack drilled (the sentence
+   says why), ``broken`` when one of its reps could not be measured (the run was never
    refused, say: the sentence says which), ``fail`` when a last side effect came later than the
    class's ``time_to_stop_s``, ``pass`` otherwise.
 
@@ -51,6 +52,11 @@ class Rep:
     refused_before_stop: int = 0
     #: Why this rep could not be measured, as a sentence naming the rung; None when it was.
     broken: str | None = None
+    #: The stop the drill issued for this rep (None: fail_closed, whose stop is a pause).
+    stop_id: str | None = None
+    #: Every side effect of the run the canary upstream recorded, in seconds from the stop's
+    #: acknowledgement (negative before it): what the report's timeline plots.
+    effects_at_s: list[float] = field(default_factory=list)
     #: To the stream's or tunnel's cut (``model``, ``egress``): open at the stop, closed under it.
     cut_s: float | None = None
     #: The executor rung: the run's intents by state, and what was performed on a decision (its
@@ -77,6 +83,8 @@ class RungSummary:
     rung: str
     reps: list[Rep]
     target_s: float
+    #: Why the rung was not run (it cannot be on this stack); None when it was.
+    skipped: str | None = None
 
     @property
     def broken(self) -> list[str]:
@@ -93,6 +101,8 @@ class RungSummary:
 
     @property
     def verdict(self) -> str:
+        if self.skipped is not None:
+            return "skipped"
         return "broken" if self.broken else "fail" if self.missed or self.decided_late else "pass"
 
     def as_json(self) -> dict[str, Any]:
@@ -102,6 +112,7 @@ class RungSummary:
             "target_s": self.target_s,
             "verdict": self.verdict,
             "broken": self.broken,
+            "skipped": self.skipped,
             "samples": len(self.reps),
             "scope_kinds": sorted({r.scope_kind for r in self.reps}),
             "to_last_side_effect_s": _spread([r.last_effect_s for r in self.reps]),
@@ -127,7 +138,7 @@ def summarize(reps: list[Rep], target_s: float) -> list[RungSummary]:
 
 def to_json(summaries: list[RungSummary], canary_total: int, seed: int) -> dict[str, Any]:
     return {
-        "ok": all(s.verdict == "pass" for s in summaries),
+        "ok": all(s.verdict in ("pass", "skipped") for s in summaries),
         "seed": seed,
         "canary_record_total": canary_total,
         "rungs": [s.as_json() for s in summaries],
@@ -157,7 +168,7 @@ def table(summaries: list[RungSummary]) -> Table:
         out.add_column(column, justify="left" if column == "rung" else "right", no_wrap=True)
     for s in summaries:
         data = s.as_json()
-        colour = {"pass": "green", "fail": "red", "broken": "red"}[s.verdict]
+        colour = {"pass": "green", "fail": "red", "broken": "red", "skipped": "yellow"}[s.verdict]
         out.add_row(
             s.rung,
             str(data["samples"]),

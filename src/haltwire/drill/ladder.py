@@ -94,6 +94,8 @@ class Ladder:
     async def rep(self, rung: str, n: int, kind: str) -> Rep:
         """One rep of ``rung`` on a stop of ``kind``: steps 1 to 5 of the module's docstring."""
         drill = self.drill
+        # The ladder's parts are the drill's own stack's (a running stack skips these rungs).
+        assert isinstance(drill.stack, Stack)
         run = CanaryRun("ignoring")
         async with patient_client(drill.stack.control_url) as control, anyio.create_task_group() as tg:
             runtime = anyio.CancelScope()
@@ -131,7 +133,7 @@ class Ladder:
             ]
         else:
             rep = await drill._measure(rung, n, (scope, kind), run, ack, await self.record(run.run_id))
-        rep.broken = broken
+        rep.broken, rep.stop_id = broken, str(r.json()["stop_id"])
         return rep
 
     async def _performed(self, run_id: str) -> None:

@@ -32,7 +32,7 @@ from mcp import Client
 from haltwire.drill.agents import CanaryRun, control_client, ignoring, mcp_client, well_behaved
 from haltwire.drill.canary import TOOL
 from haltwire.drill.figures import Rep
-from haltwire.drill.stack import AGENT, CLASS_TIMING, TENANT, TOKENS, VERSION, Stack
+from haltwire.drill.stack import AGENT, CLASS_TIMING, TENANT, VERSION, Target
 from haltwire.runtime import ControlClient
 
 #: The scope kinds, taken round-robin across the stop rungs' reps.
@@ -82,14 +82,16 @@ def scope_of(kind: str, run_id: str) -> str:
 class Drill:
     """The stack, the operator's client (admin listener) and the canary's record."""
 
-    stack: Stack
+    stack: Target
     operator: httpx2.AsyncClient
     canary: httpx2.AsyncClient
     rng: random.Random
+    #: The target judged (a stack the drill did not start: ``drill.remote``); None: its own class's.
+    target: float | None = None
 
     @property
     def target_s(self) -> float:
-        return CLASS_TIMING["time_to_stop_s"]
+        return CLASS_TIMING["time_to_stop_s"] if self.target is None else self.target
 
     async def record(self, run_id: str) -> list[tuple[float, str]]:
         r = await self.canary.get("/record", params={"run": run_id})
@@ -146,6 +148,7 @@ class Drill:
             served_seen=run.served,
             refused_before_stop=len(run.early),
             cut_s=since(run.cut_at),
+            effects_at_s=[round(t - ack, 4) for t, _ in effects],
         )  # fmt: skip
 
     async def _started(self, rung: str, run: CanaryRun) -> None:
@@ -178,8 +181,8 @@ class Drill:
         """One rep of a stop rung (``sdk`` or ``gateway``): steps 1 to 5 of the module's docstring."""
         run = CanaryRun("sdk" if rung == "sdk" else "ignoring")
         async with (
-            control_client(self.stack.control_url) as control,
-            mcp_client(self.stack.mcp_url) as client,
+            control_client(self.stack.control_url, self.stack.tokens["runtime"]) as control,
+            mcp_client(self.stack.mcp_url, self.stack.tokens["agent"]) as client,
             anyio.create_task_group() as tg,
         ):
             runtime = anyio.CancelScope()  # the runtime's alone: the clear below is not cancelled
@@ -204,15 +207,15 @@ class Drill:
                 await self._clear(str(r.json()["stop_id"]))
             await control.end_run(run.run_id)
         rep = await self._measure(rung, n, (scope, kind), run, ack)
-        rep.broken = broken
+        rep.broken, rep.stop_id = broken, str(r.json()["stop_id"])
         return rep
 
     async def fail_closed_rep(self, n: int) -> list[Rep]:
         """One rep of the fail-closed rung: both runtimes, the control plane paused."""
         runs = [CanaryRun("sdk"), CanaryRun("ignoring")]
         async with (
-            control_client(self.stack.control_url) as control,
-            mcp_client(self.stack.mcp_url) as client,
+            control_client(self.stack.control_url, self.stack.tokens["runtime"]) as control,
+            mcp_client(self.stack.mcp_url, self.stack.tokens["agent"]) as client,
         ):
             async with anyio.create_task_group() as tg:
                 scopes = [anyio.CancelScope() for _ in runs]
@@ -265,7 +268,7 @@ class Drill:
         )
 
 
-def operator_client(stack: Stack) -> httpx2.AsyncClient:
+def operator_client(stack: Target) -> httpx2.AsyncClient:
     return httpx2.AsyncClient(
-        base_url=stack.admin_url, headers={"Authorization": f"Bearer {TOKENS['operator']}"}, timeout=5.0
+        base_url=stack.admin_url, headers={"Authorization": f"Bearer {stack.tokens['operator']}"}, timeout=5.0
     )

@@ -35,7 +35,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import tomli_w
 
@@ -77,10 +77,10 @@ def control_config(db: Path, port: int, admin_port: int, enforcement_port: int) 
         "broker": parts.broker_section(),
         "identities": [
             {"name": "drill-executor", "role": "executor", "token": TOKENS["executor"]},
-            {"name": "drill-operator", "role": "operator", "token": TOKENS["operator"]},
+            {"name": "drill-operator", "role": "operator", "token": TOKENS["operator"], "drill": True},
             {"name": "drill-gateway", "role": "gateway", "token": TOKENS["gateway"]},
             {"name": "drill-canary-runtime", "role": "agent", "agent": AGENT, "tenant": TENANT,
-             "version": VERSION, "token": TOKENS["runtime"]},
+             "version": VERSION, "token": TOKENS["runtime"], "drill": True},
         ],
     }  # fmt: skip
 
@@ -134,6 +134,7 @@ class Stack:
         self.egress_url = f"http://127.0.0.1:{free_port()}"
         self.control: Service | None = None
         self.paused = False
+        self.tokens: dict[str, str] = dict(TOKENS)
 
     @staticmethod
     def _port(url: str) -> int:
@@ -243,6 +244,26 @@ class Stack:
     def close(self) -> None:
         self.resume_control()
         self.processes.close()
+
+
+class Target(Protocol):
+    """What the rungs drill: this module's ``Stack``, or a running one (``drill.remote``)."""
+
+    control_url: str
+    admin_url: str
+    gateway_url: str
+    canary_url: str
+    #: The ladder's canary targets (empty on a running stack, which skips the ladder's rungs).
+    targets_url: str
+    #: ``operator``, ``runtime`` (the agents' listener), ``agent`` (the gateway).
+    tokens: dict[str, str]
+
+    @property
+    def mcp_url(self) -> str: ...
+
+    def pause_control(self) -> None: ...
+
+    def resume_control(self) -> None: ...
 
 
 @contextmanager

@@ -66,6 +66,9 @@ def document(routes: Sequence[routing.BaseRoute]) -> dict[str, Any]:
         schema["additionalProperties"] = False
         if name != ErrorObject.__name__:  # whose NotRequired fields pydantic has read
             schema["required"] = list(schema["properties"])
+    # Where the API says whether a stop or a run is a drill's, not in the watch's changes.
+    for name in ("StopRecord", "RunRecord"):
+        schemas[name]["properties"]["drill"] = {"title": "Drill", "type": "boolean"}
     doc["components"] = {
         "schemas": dict(sorted(schemas.items())),
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},

@@ -90,7 +90,8 @@ def webhook_body(c: Content) -> dict[str, Any]:
         "detail": e.detail,
         "run_id": c.run_id,
         "report_url": c.report_url,
-        "stop": None if c.stop is None else stop_json(c.stop),
+        # As GET /v1/stops has it; never a drill's: a drill's stop pages no one (``control.drills``).
+        "stop": None if c.stop is None else stop_json(c.stop) | {"drill": False},
         "committed": [intent_json(i) for i in c.report.completed] if c.report is not None else [],
         "cancelled": [intent_json(i) for i in c.cancelled],
         "trigger": [asdict(t) for t in c.trigger],

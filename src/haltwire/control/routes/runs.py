@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from haltwire.control import runs
+from haltwire.control.plane import Plane
 from haltwire.control.routes.fields import Id, IdPath, Name
 from haltwire.control.routes.views import Registration, Renewals, RunList, checkpoint_json, run_json
 from haltwire.control.routes.wire import (
@@ -50,6 +51,11 @@ class CheckpointBody(Body):
     data: dict[str, Any]
 
 
+def _run_json(plane: Plane, run: RunRecord) -> dict[str, Any]:
+    """The run as the API serves it, saying whether it is a drill's (``haltwire.control.drills``)."""
+    return run_json(run) | {"drill": plane.drills.of_tenant(run.tenant)}
+
+
 async def register_run(request: Request) -> Response:
     """Register a run and grant its first lease"""
     plane = plane_of(request)
@@ -57,7 +63,7 @@ async def register_run(request: Request) -> Response:
     runs.desk(plane)  # 501 before the body is read
     asked = await body(request, who, RegisterBody, "run.register")
     done = await runs.register(plane, who, asked.run_id, asked.tools, asked.agent_class, asked.resume_from)
-    answer = {"run": run_json(done.run), "lease": done.lease.json(), "checkpoint": checkpoint_json(done.checkpoint)}
+    answer = {"run": _run_json(plane, done.run), "lease": done.lease.json(), "checkpoint": checkpoint_json(done.checkpoint)}
     return JSONResponse(answer, status_code=201)
 
 
@@ -84,7 +90,8 @@ async def renew_leases(request: Request) -> Response:
 async def end_run(request: Request, run_id: RunId) -> Response:
     """End a run: it gets no more leases"""
     who = await caller(request, "run.end", run_id, write=True)
-    return JSONResponse(run_json(await runs.end(plane_of(request), who, run_id)))
+    plane = plane_of(request)
+    return JSONResponse(_run_json(plane, await runs.end(plane, who, run_id)))
 
 
 async def save_checkpoint(request: Request, run_id: RunId) -> Response:
@@ -104,15 +111,18 @@ async def latest_checkpoint(request: Request, run_id: RunId) -> Response:
 async def get_run(request: Request, run_id: RunId) -> Response:
     """One run"""
     who = await caller(request, "run.read")
-    run = await runs.run_for(plane_of(request), who, run_id, "run.read", audit=False)
-    return JSONResponse(run_json(run))
+    plane = plane_of(request)
+    run = await runs.run_for(plane, who, run_id, "run.read", audit=False)
+    return JSONResponse(_run_json(plane, run))
 
 
 async def list_runs(request: Request) -> Response:
     """The most recently registered runs, newest first"""
     await caller(request, "runs.list")
     limit = query_limit(request, most=MAX_ITEMS)
-    return JSONResponse({"runs": [run_json(r) for r in await plane_of(request).open.runs.list(limit)]})
+    plane = plane_of(request)
+    listed = await plane.open.runs.list(limit)
+    return JSONResponse({"runs": [_run_json(plane, r) for r in listed]})
 
 
 #: A run just registered can be read, renewed, checkpointed, reported and ended through these links.

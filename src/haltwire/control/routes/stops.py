@@ -28,7 +28,7 @@ from starlette.types import Message
 
 from haltwire.control import audit, stops
 from haltwire.control.errors import Refused, invalid
-from haltwire.control.plane import MAX_AUDIT_TEXT
+from haltwire.control.plane import MAX_AUDIT_TEXT, Plane
 from haltwire.control.routes.fields import IdPath, Name, Text
 from haltwire.control.routes.views import (
     AuditHead,
@@ -87,9 +87,14 @@ def _request_key(request: Request) -> str | None:
     return key
 
 
-def _written(written: stops.Written, status: int) -> Response:
+async def _stop_json(plane: Plane, stop: StopRecord) -> dict[str, Any]:
+    """The stop, saying whether it is a drill's (``haltwire.control.drills``)."""
+    return stop_json(stop) | {"drill": await plane.drills.of_stop(stop, plane.run_tenant)}
+
+
+async def _written(plane: Plane, written: stops.Written, status: int) -> Response:
     headers = {"Idempotent-Replayed": "true"} if written.replayed else None
-    return JSONResponse(stop_json(written.stop), status_code=status, headers=headers)
+    return JSONResponse(await _stop_json(plane, written.stop), status_code=status, headers=headers)
 
 
 async def issue_stop(request: Request) -> Response:
@@ -99,7 +104,7 @@ async def issue_stop(request: Request) -> Response:
     asked = await body(request, who, IssueBody, "stop.issue")
     key = _request_key(request)
     written = await stops.issue(plane, who, asked.scope, asked.reason, asked.expires_at, key, rule=asked.rule)
-    return _written(written, 201)
+    return await _written(plane, written, 201)
 
 
 async def clear_stop(request: Request, stop_id: IdPath) -> Response:
@@ -107,14 +112,15 @@ async def clear_stop(request: Request, stop_id: IdPath) -> Response:
     plane = plane_of(request)
     who = await caller(request, "stop.clear", stop_id, write=True)
     asked = await body(request, who, ClearBody, "stop.clear", stop_id)
-    return _written(await stops.clear(plane, who, stop_id, asked.reason, _request_key(request)), 200)
+    return await _written(plane, await stops.clear(plane, who, stop_id, asked.reason, _request_key(request)), 200)
 
 
 async def list_stops(request: Request) -> Response:
     """Active stops (all stops ever with all=1), as visible to the caller"""
     who = await caller(request, "stops.read")
     every = request.query_params.get("all") in ("1", "true", "yes")
-    return JSONResponse({"stops": [stop_json(s) for s in await stops.listed(plane_of(request), who, every)]})
+    plane = plane_of(request)
+    return JSONResponse({"stops": [await _stop_json(plane, s) for s in await stops.listed(plane, who, every)]})
 
 
 async def list_audit(request: Request) -> Response:

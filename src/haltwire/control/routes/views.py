@@ -56,6 +56,8 @@ class Whoami(TypedDict):
     tenant: str | None
     version: str | None
     reads_every_stop: bool
+    #: A drill's identity: what it writes is drill data (``haltwire.control.drills``).
+    drill: bool
 
 
 class StopList(TypedDict):
@@ -129,6 +131,7 @@ def whoami_json(who: Caller) -> Whoami:
         "tenant": who.tenant if agent else None,
         "version": who.version if agent else None,
         "reads_every_stop": reads_every_stop(who.role),
+        "drill": who.drill,
     }
 
 
@@ -168,11 +171,12 @@ def credential_json(token: str, record: CredentialRecord) -> Credential:
 
 
 def report_json(report: RunReport) -> dict[str, Any]:
-    out: dict[str, Any] = {"run": run_json(report.run)}
+    out: dict[str, Any] = {"run": run_json(report.run) | {"drill": report.drill}}  # as GET /v1/runs/{id}
     for section in SECTIONS:
         out[section] = [intent_json(i) for i in getattr(report, section)]
     out["stops"] = [stop_json(s) for s in report.stops]
     out["calls"] = [asdict(c) for c in report.calls]
     out["usage"] = asdict(report.usage)
     out["timeline"] = [asdict(t) for t in report.timeline]
+    out["drill"] = report.drill
     return out
