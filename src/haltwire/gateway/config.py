@@ -165,6 +165,11 @@ class ExecutorSection(BearerToken):
     poll_s: float = Field(default=0.2, gt=0)
     #: The first wait after a failed request to the control plane or the upstream (doubling to 10 s).
     retry_s: float = Field(default=0.5, gt=0)
+    #: The most intents the workers claim, check or settle in one control-plane write.
+    batch_max: int = Field(default=64, ge=1, le=100)
+    #: How long a batch waits for more workers' requests before it is sent (0: only those of
+    #: the same event-loop pass; a request never waits longer than the one before it).
+    batch_linger_s: float = Field(default=0.0, ge=0, le=1.0)
 
 
 #: Public-key signatures only: a JWKS publishes verification keys, and an HMAC token "verified"
@@ -419,7 +424,10 @@ def load_config(path: str | Path) -> GatewayConfig:
         config = config.model_copy(update={"idempotency": idempotency})
     # A file in a folder that is not there: the kill switch would never be read (nobody is ever
     # suspended), the records never written. Said at start-up, not at the first call.
-    for key, file in (("gateway.suspended_file", config.gateway.suspended_file), ("idempotency.path", config.idempotency.path)):
+    for key, file in (
+        ("gateway.suspended_file", config.gateway.suspended_file),
+        ("idempotency.path", config.idempotency.path),
+    ):
         if file is not None and not file.parent.is_dir():
             raise ConfigError(f"{p}: {key}: the folder {file.parent} does not exist")
     return config

@@ -29,7 +29,17 @@ from haltwire.control.config import ControlConfig
 from haltwire.control.errors import Refused, unavailable
 from haltwire.control.notify import receivers
 from haltwire.control.plane import Plane
-from haltwire.control.routes import calls, credentials, firings, intents, openapi, reports, runs, stops
+from haltwire.control.routes import (
+    calls,
+    credentials,
+    firings,
+    intent_batches,
+    intents,
+    openapi,
+    reports,
+    runs,
+    stops,
+)
 from haltwire.control.routes.paging import Sender
 from haltwire.control.routes.wire import answer
 from haltwire.control.stores import Stores, open_stores
@@ -41,6 +51,7 @@ routes: list[BaseRoute] = [
     *runs.routes,
     *credentials.routes,
     *intents.routes,
+    *intent_batches.routes,
     *reports.routes,
     *calls.routes,
     *firings.routes,

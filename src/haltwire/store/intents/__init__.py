@@ -71,6 +71,11 @@ class IntentStore(Protocol):
         """Claim the oldest pending intent for ``executor``; no two executors claim one intent."""
         ...
 
+    async def claim_many(self, executor: str, now: float, limit: int) -> builtins.list[Intent]:
+        """Claim up to ``limit`` of the oldest pending intents for ``executor``, oldest first, in
+        one statement; no two executors claim one intent."""
+        ...
+
     async def commit(self, intent_id: str, executor: str, outcome: Any, now: float) -> Intent:
         """``claimed`` or ``unknown`` -> ``committed``, by the claiming executor only."""
         ...
@@ -160,6 +165,9 @@ QUERIES: Final = {
     "claim_next": "UPDATE {intents} SET state = 'claimed', claimed_by = ?, claimed_at = ?, updated_at = ? "
     "WHERE state = 'pending' AND intent_id = (SELECT intent_id FROM {intents} WHERE state = 'pending' "
     f"{_OLDEST} LIMIT 1 {{skip_locked}}) RETURNING {_COLS}",
+    "claim_many": "UPDATE {intents} SET state = 'claimed', claimed_by = ?, claimed_at = ?, updated_at = ? "
+    "WHERE state = 'pending' AND intent_id IN (SELECT intent_id FROM {intents} WHERE state = 'pending' "
+    f"{_OLDEST} LIMIT ? {{skip_locked}}) RETURNING {_COLS}",
     "mark_unknown": "UPDATE {intents} SET state = 'unknown', updated_at = ? "
     f"WHERE state = 'claimed' AND claimed_by = ? RETURNING {_COLS}",
     # What a per-run intent limit counts: the run's intents for a tool that passed their check.

@@ -74,6 +74,11 @@ class SqlIntentStore(Store):
         rows = await self._written(QUERIES["claim_next"], (claimant(executor), now, now))
         return rows[0] if rows else None
 
+    async def claim_many(self, executor: str, now: float, limit: int) -> builtins.list[Intent]:
+        if limit < 1:
+            raise ValueError("a claim asks for at least one intent")
+        return oldest_first(await self._written(QUERIES["claim_many"], (claimant(executor), now, now, limit)))
+
     async def _locked(self, tx: Tx, intent_id: str) -> Intent | None:
         row = await tx.one(QUERIES["get_locked"], (intent_id,))
         return None if row is None else from_row(row)
