@@ -90,6 +90,7 @@ SETTLE_S: Final = 60.0
 #: one call later).
 TARGET_PER_S: Final = 1000.0
 TARGET_STOP_MS: Final = 50.0
+PARTS: Final = ("latency", "throughput", "stops", "check")
 POSTGRES_URL: Final = os.environ.get("HALTWIRE_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
@@ -456,88 +457,102 @@ async def bench(
 ) -> list[tuple[str, bool | None]]:
     rng = random.Random(opts.seed)
     targets: list[tuple[str, bool | None]] = []
+    lat: list[Latency] = []
+    tps: list[Throughput] = []
+    rounds: dict[float, list[Round]] = {}
+    cost: dict[str, list[float]] = {}
     with processes() as procs:
         stack = Stack(workdir, procs, registry)
         await stack.start([0.0, 0.05])
         cp = Control(stack.control)
         try:
             # 1.
-            print(
-                f"1. proposal to commit, one intent at a time, 1 worker, shop delay 0 ({opts.latency_n} each)"
-            )
-            lat = [await latency(stack, cp, poll, opts.latency_n, rng) for poll in (0.2, 0.02)]
-            for part in lat:
-                print(line(f"poll_s {part.poll_s:g}: created_at -> committed (control)", part.control_ms))
-                print(line(f"poll_s {part.poll_s:g}: POST sent -> committed seen (wall)", part.wall_ms))
-            print(
-                "    floor: an idle worker claims again only after poll_s (a proposal waits poll_s / 2\n"
-                "    on average, poll_s at worst), plus claim + check + upstream call + commit\n"
-                "    (each a control-plane write)"
-            )
-            print()
+            if "latency" in opts.parts:
+                print(
+                    f"1. proposal to commit, one intent at a time, 1 worker, shop delay 0 ({opts.latency_n} each)"
+                )
+                lat = [await latency(stack, cp, poll, opts.latency_n, rng) for poll in (0.2, 0.02)]
+                for part in lat:
+                    print(line(f"poll_s {part.poll_s:g}: created_at -> committed (control)", part.control_ms))
+                    print(line(f"poll_s {part.poll_s:g}: POST sent -> committed seen (wall)", part.wall_ms))
+                print(
+                    "    floor: an idle worker claims again only after poll_s (a proposal waits poll_s / 2\n"
+                    "    on average, poll_s at worst), plus claim + check + upstream call + commit\n"
+                    "    (each a control-plane write)"
+                )
+                print()
             # 2.
-            print(f"2. throughput: {opts.throughput_n} intents proposed up front, shop delay 0, poll_s 0.02")
-            tps = [await throughput(stack, cp, w, opts.throughput_n) for w in (1, 4, 16)]
-            await count_writes(cp, tps)
-            for tp in tps:
-                writes = " ".join(
-                    f"{a.removeprefix('intent.')} {c / tp.n:.2f}" for a, c in sorted(tp.writes.items())
-                )
-                durable = " ".join(
-                    f"{a.removeprefix('intent.')} {c / tp.n:.2f}" for a, c in sorted(tp.durable.items())
-                )
-                cpu = ", ".join(f"{name} {ms:.2f}" for name, ms in tp.cpu_ms.items())
+            if "throughput" in opts.parts:
                 print(
-                    f"    workers {tp.workers:>2}: {tp.per_s:7.1f} committed/s "
-                    f"({tp.n} in {tp.seconds:5.2f} s); "
-                    f"executor audit records per intent: {sum(tp.writes.values()) / tp.n:.2f} ({writes})\n"
-                    f"                durable writes per intent: {sum(tp.durable.values()) / tp.n:.2f} "
-                    f"({durable}); CPU ms per intent: {cpu}"
+                    f"2. throughput: {opts.throughput_n} intents proposed up front, shop delay 0, poll_s 0.02"
                 )
-            print("    (+ the executor's lease renewal: one request per 5 s whatever the load, not audited)")
-            print()
-            # 3.
-            print(
-                "3. stop to last side effect: feeder every ~5 ms, 4 workers, poll_s 0.02, "
-                f"{opts.rounds} rounds per delay"
-            )
-            rounds = {d: await stops(stack, cp, d, opts.rounds, rng) for d in (0.0, 0.05)}
-            for d, rs in rounds.items():
-                print(f"  shop delay {d * 1000:g} ms:")
-                print(line("stop 201 -> last ledger row of the run", [r.last_effect_ms for r in rs]))
-                print(line("stop sent -> last ledger row of the run", [r.from_sent_ms for r in rs]))
-                print(line("POST /v1/stops round trip", [r.api_ms for r in rs]))
-                after = sum(r.committed_after for r in rs)
-                proposed, committed = sum(r.proposed for r in rs), sum(r.committed for r in rs)
-                cancelled = sum(r.cancelled for r in rs)
-                before = sum(1 for r in rs if r.last_effect_ms < 0)
-                print(
-                    f"    intents: {proposed} proposed, {committed} committed "
-                    f"({after} committed after the 201), "
-                    f"{cancelled} cancelled; rounds whose last side effect came before the 201: {before}"
-                )
-                bad = [v for r in rs for v in r.violations]
-                print(
-                    "    violations (committed with a check at/after the stop, or cancelled yet applied): "
-                    f"{len(bad)}"
-                )
-                for v in bad[:5]:
-                    print(f"      {v}")
-            print()
-            # 4.
-            print(
-                "4. the final check's cost: this process as the executor role, "
-                f"{opts.latency_n} intents, one at a time"
-            )
-            cost = await check_cost(cp, opts.latency_n)
-            for name in ("claim", "check", "commit"):
-                print(
-                    line(
-                        f"POST /v1/intents/{{id}}/{name}" if name != "claim" else "POST /v1/intents/claim",
-                        cost[name],
+                tps = [await throughput(stack, cp, w, opts.throughput_n) for w in (1, 4, 16)]
+                await count_writes(cp, tps)
+                for tp in tps:
+                    writes = " ".join(
+                        f"{a.removeprefix('intent.')} {c / tp.n:.2f}" for a, c in sorted(tp.writes.items())
                     )
+                    durable = " ".join(
+                        f"{a.removeprefix('intent.')} {c / tp.n:.2f}" for a, c in sorted(tp.durable.items())
+                    )
+                    cpu = ", ".join(f"{name} {ms:.2f}" for name, ms in tp.cpu_ms.items())
+                    print(
+                        f"    workers {tp.workers:>2}: {tp.per_s:7.1f} committed/s "
+                        f"({tp.n} in {tp.seconds:5.2f} s); "
+                        f"executor audit records per intent: {sum(tp.writes.values()) / tp.n:.2f} ({writes})\n"
+                        f"                durable writes per intent: {sum(tp.durable.values()) / tp.n:.2f} "
+                        f"({durable}); CPU ms per intent: {cpu}"
+                    )
+                print(
+                    "    (+ the executor's lease renewal: one request per 5 s whatever the load, not audited)"
                 )
-            print()
+                print()
+            # 3.
+            if "stops" in opts.parts:
+                print(
+                    "3. stop to last side effect: feeder every ~5 ms, 4 workers, poll_s 0.02, "
+                    f"{opts.rounds} rounds per delay"
+                )
+                rounds = {d: await stops(stack, cp, d, opts.rounds, rng) for d in (0.0, 0.05)}
+                for d, rs in rounds.items():
+                    print(f"  shop delay {d * 1000:g} ms:")
+                    print(line("stop 201 -> last ledger row of the run", [r.last_effect_ms for r in rs]))
+                    print(line("stop sent -> last ledger row of the run", [r.from_sent_ms for r in rs]))
+                    print(line("POST /v1/stops round trip", [r.api_ms for r in rs]))
+                    after = sum(r.committed_after for r in rs)
+                    proposed, committed = sum(r.proposed for r in rs), sum(r.committed for r in rs)
+                    cancelled = sum(r.cancelled for r in rs)
+                    before = sum(1 for r in rs if r.last_effect_ms < 0)
+                    print(
+                        f"    intents: {proposed} proposed, {committed} committed "
+                        f"({after} committed after the 201), "
+                        f"{cancelled} cancelled; rounds whose last side effect came before the 201: {before}"
+                    )
+                    bad = [v for r in rs for v in r.violations]
+                    print(
+                        "    violations (committed with a check at/after the stop, or cancelled yet applied): "
+                        f"{len(bad)}"
+                    )
+                    for v in bad[:5]:
+                        print(f"      {v}")
+                print()
+            # 4.
+            if "check" in opts.parts:
+                print(
+                    "4. the final check's cost: this process as the executor role, "
+                    f"{opts.latency_n} intents, one at a time"
+                )
+                cost = await check_cost(cp, opts.latency_n)
+                for name in ("claim", "check", "commit"):
+                    print(
+                        line(
+                            f"POST /v1/intents/{{id}}/{name}"
+                            if name != "claim"
+                            else "POST /v1/intents/claim",
+                            cost[name],
+                        )
+                    )
+                print()
         finally:
             await cp.aclose()
     # Targets.
@@ -550,32 +565,35 @@ async def bench(
                 None,
             )
         )
-    targets.append(
-        ("throughput " + ", ".join(f"{tp.per_s:.0f}/s at {tp.workers} workers" for tp in tps), None)
-    )
-    sixteen = next(tp for tp in tps if tp.workers == 16)
-    targets.append(
-        (
-            f"16 workers: {sixteen.per_s:.0f} intents/s, at least {TARGET_PER_S:.0f}",
-            sixteen.per_s >= TARGET_PER_S,
+    if tps:
+        targets.append(
+            ("throughput " + ", ".join(f"{tp.per_s:.0f}/s at {tp.workers} workers" for tp in tps), None)
         )
-    )
-    targets.append(
-        (
-            "every intent claimed, checked and committed with an audit record of its own",
-            all(
-                tp.writes == Counter({"intent.claim": tp.n, "intent.check": tp.n, "intent.commit": tp.n})
-                for tp in tps
-            ),
+    for tp in tps[-1:]:
+        targets.append(
+            (
+                f"{tp.workers} workers: {tp.per_s:.0f} intents/s, at least {TARGET_PER_S:.0f}",
+                tp.per_s >= TARGET_PER_S,
+            )
         )
-    )
+    for tp in tps[-1:]:
+        targets.append(
+            (
+                "every intent claimed, checked and committed with an audit record of its own",
+                all(
+                    tp.writes == Counter({"intent.claim": tp.n, "intent.check": tp.n, "intent.commit": tp.n})
+                    for tp in tps
+                ),
+            )
+        )
     violations = sum(len(r.violations) for rs in rounds.values() for r in rs)
-    targets.append(
-        (
-            "no intent committed with a check at or after the stop's revision; none cancelled applied",
-            violations == 0,
+    if rounds:
+        targets.append(
+            (
+                "no intent committed with a check at or after the stop's revision; none cancelled applied",
+                violations == 0,
+            )
         )
-    )
     for d, rs in rounds.items():
         p99 = pct([r.last_effect_ms for r in rs], 0.99)
         sign = "+ " if p99 >= d * 1000 else "- "
@@ -588,13 +606,14 @@ async def bench(
                 p99 <= TARGET_STOP_MS if with_call else None,
             )
         )
-    targets.append(
-        (
-            f"the final check costs p50 {pct(cost['check'], 0.5):.1f} ms, "
-            f"p99 {pct(cost['check'], 0.99):.1f} ms per intent",
-            None,
+    if cost:
+        targets.append(
+            (
+                f"the final check costs p50 {pct(cost['check'], 0.5):.1f} ms, "
+                f"p99 {pct(cost['check'], 0.99):.1f} ms per intent",
+                None,
+            )
         )
-    )
     return targets
 
 
@@ -634,10 +653,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer intents and rounds")
     parser.add_argument("--seed", type=int, default=7, help="random seed (proposal and stop moments)")
     parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite", help="the registry's")
+    parser.add_argument(
+        "--parts",
+        default=",".join(PARTS),
+        help=f"the parts to run, separated by commas (default all: {','.join(PARTS)})",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="stop rounds per delay (default 20, quick 8)"
+    )
     opts = parser.parse_args(argv)
     opts.latency_n = 50 if opts.quick else 200
     opts.throughput_n = 200 if opts.quick else 1000
-    opts.rounds = 8 if opts.quick else 20
+    opts.rounds = opts.rounds or (8 if opts.quick else 20)
+    opts.parts = [p for p in opts.parts.split(",") if p]
+    if not opts.parts or not set(opts.parts) <= set(PARTS):
+        parser.error(f"--parts: one or more of {', '.join(PARTS)}")
     return run_benchmark(lambda: run(opts))
 
 
