@@ -31,7 +31,7 @@ from haltwire.control.config import Caller
 from haltwire.control.errors import Refused, stopped_by
 from haltwire.control.plane import Plane
 from haltwire.control.stops import audit_cancelled
-from haltwire.intents import Intent, IntentStateError, LimitReached, UnknownIntent
+from haltwire.intents import Intent, IntentStateError, LimitReached, UnknownIntent, intent_fields
 
 #: The most intents one batch request names (an executor has at most 64 workers).
 MAX_BATCH: Final = 100
@@ -48,7 +48,7 @@ class Answer:
     def json(self) -> dict[str, Any]:
         if self.refused is None:
             assert self.intent is not None
-            return {"intent_id": self.intent_id, "status": 200, "intent": asdict(self.intent), "error": None}
+            return {"intent_id": self.intent_id, "status": 200, "intent": intent_fields(self.intent), "error": None}
         error = self.refused.error()
         return {"intent_id": self.intent_id, "status": self.refused.status, "intent": None, "error": error}
 
