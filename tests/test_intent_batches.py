@@ -29,6 +29,7 @@ from executor_harness import (
 from executor_harness import settled as all_settled
 from haltwire.executor.batches import Batcher
 from haltwire.runtime.client import ControlRefused, ControlUnreachable
+from intents_harness import auth as batch_auth
 from intents_harness import plane, sqlite
 from intents_harness import propose as propose_as
 from openapi_harness import SCHEMATHESIS_EXAMPLES
@@ -299,3 +300,32 @@ async def test_schemathesis_finds_no_failure_in_the_batch_endpoints(tmp_path: Pa
     found = re.search(r"Selected: (\d+)/(\d+)\s+Tested: (\d+)", output)
     assert found is not None, output
     assert int(found[1]) == int(found[3]) == 3, output
+
+
+async def test_a_claim_batch_claims_no_more_than_asked_and_no_intent_twice_on_each_backend(
+    store: dict[str, Any],
+) -> None:
+    """Two executors claiming at once: each gets at most what it asked, none gets one the other
+    got, every pending intent is claimed (PostgreSQL could run a LIMIT subquery per row)."""
+    async with plane(store) as (client, _):
+        for n in range(12):
+            await propose_as(client, f"k-{n}")
+        got: dict[str, list[str]] = {"executor": [], "executor-2": []}
+
+        async def claims(who: str) -> None:
+            while True:
+                r = await client.post("/v1/intent-batches/claim", json={"limit": 2}, headers=batch_auth(who))
+                assert r.status_code == 200, r.text
+                claimed = r.json()["intents"]
+                assert len(claimed) <= 2, claimed
+                if not claimed:
+                    return
+                got[who] += [i["intent_id"] for i in claimed]
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(claims, "executor")
+            tg.start_soon(claims, "executor-2")
+        everyone = got["executor"] + got["executor-2"]
+        assert len(everyone) == len(set(everyone)) == 12
+        r = await client.get("/v1/intents", params={"state": "pending"}, headers=batch_auth("operator"))
+        assert r.json()["intents"] == []
