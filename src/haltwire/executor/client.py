@@ -3,7 +3,7 @@
 ``IntentClient`` is the runtime's ``ControlClient`` (runs, leases, the watch: the executor holds
 a lease of its own) plus who its token is, claim, check, commit, fail and the restart's
 ``unknown``, one intent at a time or many in one request (``claim_many``, ``check_many``,
-``settle_many``). Refusals raise ``ControlRefused``, anything else ``ControlUnreachable``, as
+``settle_many``; a batch of one takes the one-at-a-time route). Refusals raise ``ControlRefused``, anything else ``ControlUnreachable``, as
 for every control client; in a batch, one intent's refusal is its own entry of the answer.
 
 What it records must fit the control plane's limits (``haltwire.limits``), or the call, made,
@@ -83,18 +83,34 @@ class IntentClient(ControlClient):
 
     async def claim_many(self, limit: int) -> list[dict[str, Any]]:
         """Up to ``limit`` of the oldest pending intents, now claimed by this executor (one write)."""
+        if limit == 1:  # the one-at-a-time route: a batch's body and answer cost more for one
+            one = await self.claim()
+            return [] if one is None else [one]
         data = await self._call("POST", "/v1/intent-batches/claim", {"limit": limit})
         return list(data["intents"])
 
     async def check_many(self, intent_ids: Sequence[str]) -> list[Answer]:
         """The final checks of several intents in one write, in that order: each the intent with
         its ``checked_revision``, or the ``ControlRefused`` its own check would have raised."""
+        if len(intent_ids) == 1:
+            try:
+                return [await self.check(intent_ids[0])]
+            except ControlRefused as exc:
+                return [exc]
         data = await self._call("POST", "/v1/intent-batches/check", {"intent_ids": list(intent_ids)})
         return [_answer(entry) for entry in data["results"]]
 
     async def settle_many(self, settlements: Sequence[Settlement]) -> list[Answer]:
         """Record several outcomes, in that order: small ones together (a write per
         ``BATCH_BYTES``), a large result alone (``commit``, which keeps its hash if too large)."""
+        if len(settlements) == 1:
+            one = settlements[0]
+            try:
+                if one.outcome is None:
+                    return [await self.fail(one.intent_id, one.error or "failed")]
+                return [await self.commit(one.intent_id, one.outcome)]
+            except ControlRefused as exc:
+                return [exc]
         answers: dict[int, Answer] = {}
         chunk: list[tuple[int, dict[str, Any]]] = []
         size = 0
@@ -102,7 +118,9 @@ class IntentClient(ControlClient):
         async def flush() -> None:
             nonlocal chunk, size
             if chunk:
-                data = await self._call("POST", "/v1/intent-batches/settle", {"outcomes": [e for _, e in chunk]})
+                data = await self._call(
+                    "POST", "/v1/intent-batches/settle", {"outcomes": [e for _, e in chunk]}
+                )
                 answers.update(
                     (i, _answer(entry)) for (i, _), entry in zip(chunk, data["results"], strict=True)
                 )
