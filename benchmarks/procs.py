@@ -41,6 +41,32 @@ def load_average() -> str:
         return "unknown"
 
 
+def cpu_seconds(pid: int) -> float:
+    """User+system CPU time of a process, from /proc (Linux; NaN elsewhere or once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """``cpu_seconds`` of a process and of its live descendants (a control plane's child)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        total += cpu_seconds(current)
+        todo.extend(children.get(current, ()))
+    return total
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))

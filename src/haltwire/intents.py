@@ -128,6 +128,16 @@ class Intent:
         return frozenset(scopes)
 
 
+#: The fields of an intent, in order (its JSON keys).
+FIELDS: Final = tuple(f.name for f in dataclasses.fields(Intent))
+
+
+def intent_fields(intent: Intent) -> dict[str, Any]:
+    """The intent as a dict of its fields, for JSON written at once: shallow (``asdict`` copies
+    the arguments and outcome deeply, a tenth of a batch's time at the control plane)."""
+    return {name: getattr(intent, name) for name in FIELDS}
+
+
 class Created(NamedTuple):
     """What ``create`` answers: the intent, and False when the key had recorded it before."""
 

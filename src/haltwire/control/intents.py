@@ -42,13 +42,23 @@ LIMIT_CALLER: Final = Caller("intent-limit", "tripwire")
 Decision = Literal["commit", "fail", "approve", "reject"]
 
 
-def _unknown(intent_id: str) -> Refused:
+def unknown(intent_id: str) -> Refused:
     return Refused(404, "unknown_intent", f"no intent has the id {intent_id}")
 
 
-def _stop_on(plane: Plane, intent: Intent) -> Stopped | None:
+def stop_on(plane: Plane, intent: Intent) -> Stopped | None:
+    """The active stop in the mirror that matches one of the intent's scopes, if any."""
     verdict = plane.mirror.stops.verdict(lambda: intent.scopes, time.time())
     return verdict if isinstance(verdict, Stopped) else None  # an intent has no grant to fence
+
+
+def cancelled_before_check(intent: Intent, caller: Caller) -> Refused | None:
+    """409 ``stopped`` for an intent a stop cancelled while this executor held it, before its
+    check (it was not performed); None otherwise."""
+    if intent.state == "cancelled" and intent.stop_id and intent.claimed_by == caller.name:
+        message = f"intent {intent.intent_id} was cancelled by stop {intent.stop_id} before its check"
+        return Refused(409, "stopped", message, stop_id=intent.stop_id, intent=asdict(intent))
+    return None
 
 
 async def create(plane: Plane, caller: Caller, **fields: Any) -> tuple[Intent, bool]:
@@ -61,7 +71,7 @@ async def create(plane: Plane, caller: Caller, **fields: Any) -> tuple[Intent, b
     except ValueError as exc:
         raise await plane.refuse(caller, "intent.create", key, invalid(str(exc)), run_id=run_id) from None
     await plane.catch_up()
-    hit = _stop_on(plane, new)
+    hit = stop_on(plane, new)
     # A repeat of a call recorded before the stop still answers what was recorded.
     if hit is not None and await store.by_key(new.agent, key) is None:
         # With its run, so the run's report shows the call the stop refused.
@@ -74,7 +84,7 @@ async def create(plane: Plane, caller: Caller, **fields: Any) -> tuple[Intent, b
             # A stop recorded after the check but before the insert cancelled nothing of this
             # intent: look again, and cancel it now. (One recorded after the insert cancels it.)
             await plane.catch_up()
-            hit = _stop_on(plane, intent)
+            hit = stop_on(plane, intent)
             if hit is not None:
                 cancelled = await store.cancel_for_stop(hit.scope, hit.stop.stop_id, time.time())
                 await audit_cancelled(plane, caller, hit.scope, hit.stop.stop_id, cancelled)
@@ -101,10 +111,10 @@ async def readable(plane: Plane, caller: Caller, intent_id: str) -> Intent:
     ``access.ownership``; another tenant's is answered as unknown)."""
     intent = await plane.open.intents.get(intent_id)
     if intent is None:
-        raise _unknown(intent_id)
+        raise unknown(intent_id)
     whose = ownership(caller, intent.agent, intent.tenant) if caller.role == "agent" else "own"
     if whose == "another_tenant":
-        raise _unknown(intent_id)
+        raise unknown(intent_id)
     if whose == "another_agent":
         raise Refused(403, "forbidden", f"intent {intent_id} belongs to another agent than {caller.agent}")
     return intent
@@ -139,7 +149,7 @@ async def decide(plane: Plane, caller: Caller, action: Decision, intent_id: str,
                 caller, audited, intent_id, "ok", reason, state=intent.state, run_id=intent.run_id
             )
     except UnknownIntent:
-        raise await plane.refuse(caller, audited, intent_id, _unknown(intent_id)) from None
+        raise await plane.refuse(caller, audited, intent_id, unknown(intent_id)) from None
     except IntentStateError as exc:
         invalid_move = Refused(409, "invalid_transition", str(exc))
         raise await plane.refuse(caller, audited, intent_id, invalid_move) from None
@@ -185,14 +195,13 @@ async def check(plane: Plane, caller: Caller, intent_id: str) -> Intent:
     try:
         intent = await store.get(intent_id)
         if intent is None:
-            raise _unknown(intent_id)
-        if intent.state == "cancelled" and intent.stop_id and intent.claimed_by == caller.name:
-            # A stop cancelled it while this executor held it, before its check: not performed.
-            message = f"intent {intent_id} was cancelled by stop {intent.stop_id} before its check"
-            raise Refused(409, "stopped", message, stop_id=intent.stop_id, intent=asdict(intent))
+            raise unknown(intent_id)
+        stopped = cancelled_before_check(intent, caller)
+        if stopped is not None:
+            raise stopped
         if intent.checked_revision is None:
             revision = (await plane.catch_up()).stops.revision
-            hit = _stop_on(plane, intent)
+            hit = stop_on(plane, intent)
             if hit is None:
                 limit = plane.config.intent_limit(intent.tool)
                 try:
@@ -204,7 +213,7 @@ async def check(plane: Plane, caller: Caller, intent_id: str) -> Intent:
     except Refused as exc:
         raise await plane.refuse(caller, "intent.check", intent_id, exc) from None
     except UnknownIntent:
-        raise await plane.refuse(caller, "intent.check", intent_id, _unknown(intent_id)) from None
+        raise await plane.refuse(caller, "intent.check", intent_id, unknown(intent_id)) from None
     except IntentStateError as exc:
         invalid_move = Refused(409, "invalid_transition", str(exc))
         raise await plane.refuse(caller, "intent.check", intent_id, invalid_move) from None
@@ -227,7 +236,7 @@ async def _limit_stop(plane: Plane, intent: Intent, exc: LimitReached) -> Stoppe
     (one replica writes one; two replicas at the same instant may write two)."""
     async with plane.limit_stops:
         await plane.catch_up()
-        hit = _stop_on(plane, intent)
+        hit = stop_on(plane, intent)
         if hit is not None:
             return hit
         reason = (

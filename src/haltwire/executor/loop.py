@@ -3,10 +3,10 @@
 The gateway records a call to an irreversible tool as an intent; ``Executor`` carries it out.
 For each intent, in this order:
 
-1. claim it (``POST /v1/intents/claim``; the oldest pending one, never claimed twice);
+1. claim it (the oldest pending one, never claimed twice);
 2. its own lease must hold (``lease.require()``): a stop on the executor, or a control
    plane it cannot reach for ``renew_timeout_s``, ends its lease and it claims nothing more;
-3. the final check (``POST /v1/intents/{id}/check``): the control plane reads the registry
+3. the final check: the control plane reads the registry
    and either records the revision it checked or cancels the intent with the matching stop.
    Only an intent that passed this check reaches the upstream;
 4. the call, through the gateway's upstream for the tool, with the intent's idempotency key in
@@ -16,6 +16,13 @@ For each intent, in this order:
 5. the outcome recorded: ``commit`` (a result), or ``fail`` (an error result, a JSON-RPC
    error, or no upstream offering the tool). A control plane that cannot be reached is asked
    again until it records it: the outcome is only in this process until then.
+
+Each worker takes one intent through these steps at a time; what the workers ask of one kind
+at the same moment (claims, checks, outcomes) goes to the control plane as one request and one
+write (``haltwire.executor.batches``, ``POST /v1/intent-batches/claim``, ``check``, ``settle``;
+``[executor] batch_max``, ``batch_linger_s``), each intent checked and audited on its own. A
+check is sent as soon as the request before it is answered, and the call follows its answer at
+once, so batching adds no wait between an intent's check and its call.
 
 Before anything else, the executor asks the control plane who its token is (``GET
 /v1/whoami``) and refuses to run (``WrongRole``) with one that is not sent every stop, as every
@@ -46,7 +53,8 @@ import anyio.abc
 from mcp.shared.exceptions import MCPError
 
 from haltwire.errors import describe
-from haltwire.executor.client import IntentClient
+from haltwire.executor.batches import Batcher
+from haltwire.executor.client import IntentClient, Settlement
 from haltwire.gateway.config import ExecutorSection
 from haltwire.meta import KEY_META
 from haltwire.metrics import ExecutorMetrics
@@ -97,6 +105,13 @@ class Executor:
         #: What happened to the latest intents (``committed``, ``failed``, ``cancelled``), by id:
         #: for demos and tests; the control plane is the record.
         self.settled: dict[str, str] = {}
+        most, linger = settings.batch_max, settings.batch_linger_s
+        #: The workers' claims, checks and outcomes, each kind sent together (``batches``).
+        self.claims: Batcher[None, dict[str, Any] | None] = Batcher(self._claim, most=most, linger_s=linger)
+        self.checks: Batcher[str, dict[str, Any]] = Batcher(control.check_many, most=most, linger_s=linger)
+        self.outcomes: Batcher[Settlement, dict[str, Any]] = Batcher(
+            control.settle_many, most=most, linger_s=linger
+        )
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -130,6 +145,11 @@ class Executor:
                 log.error("executor: the control plane refused a lease: %s", exc)
             await anyio.sleep(self.settings.retry_s)
 
+    async def _claim(self, asked: list[None]) -> list[dict[str, Any] | None]:
+        """One claim for the workers asking: an intent each while any is pending, else None."""
+        claimed: list[dict[str, Any] | None] = list(await self.control.claim_many(len(asked)))
+        return claimed + [None] * (len(asked) - len(claimed))
+
     async def _unresolved(self) -> list[dict[str, Any]]:
         """This identity's intents without an outcome (claimed ones are now unknown)."""
         unknown = await self.control.mark_unknown()
@@ -144,7 +164,7 @@ class Executor:
             else:
                 try:
                     lease.require()
-                    claimed = await self.control.claim()
+                    claimed = await self.claims.ask(None)
                 except StopRequested:
                     return
                 except ControlUnreachable as exc:
@@ -169,7 +189,7 @@ class Executor:
         intent_id = intent["intent_id"]
         try:
             lease.require()
-            checked = await self._retrying(lambda: self.control.check(intent_id))
+            checked = await self._retrying(lambda: self.checks.ask(intent_id))
         except StopRequested:
             return False
         except ControlRefused as exc:
@@ -184,10 +204,8 @@ class Executor:
             # (its check stands: it came before the stop).
             return False
         outcome, error = await self._perform(checked)
-        if error is None:
-            await self._record(intent_id, "committed", lambda: self.control.commit(intent_id, outcome))
-        else:
-            await self._record(intent_id, "failed", lambda: self.control.fail(intent_id, error))
+        settlement = Settlement(intent_id, outcome if error is None else None, error)
+        await self._record(intent_id, "committed" if error is None else "failed", settlement)
         return True
 
     async def _perform(self, intent: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
@@ -224,9 +242,9 @@ class Executor:
         result.pop("_meta", None)
         return result, None
 
-    async def _record(self, intent_id: str, state: str, write: Callable[[], Awaitable[Any]]) -> None:
+    async def _record(self, intent_id: str, state: str, settlement: Settlement) -> None:
         try:
-            await self._retrying(write)
+            await self._retrying(lambda: self.outcomes.ask(settlement))
         except ControlRefused as exc:  # settled by someone else; the call itself is done
             log.error("intent %s: recording %s was refused: %s", intent_id, state, exc)
             return

@@ -173,6 +173,11 @@ class ExecutorSection(BearerToken):
     #: Serve ``/metrics`` on this port (of ``metrics_host``); unset: no metrics listener.
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
+    #: The most intents the workers claim, check or settle in one control-plane write.
+    batch_max: int = Field(default=64, ge=1, le=100)
+    #: How long a batch waits for more workers' requests before it is sent (0: only those of
+    #: the same event-loop pass; a request never waits longer than the one before it).
+    batch_linger_s: float = Field(default=0.0, ge=0, le=1.0)
 
 
 #: Public-key signatures only: a JWKS publishes verification keys, and an HMAC token "verified"
@@ -444,7 +449,10 @@ def load_config(path: str | Path) -> GatewayConfig:
         config = config.model_copy(update={"idempotency": idempotency})
     # A file in a folder that is not there: the kill switch would never be read (nobody is ever
     # suspended), the records never written. Said at start-up, not at the first call.
-    for key, file in (("gateway.suspended_file", config.gateway.suspended_file), ("idempotency.path", config.idempotency.path)):
+    for key, file in (
+        ("gateway.suspended_file", config.gateway.suspended_file),
+        ("idempotency.path", config.idempotency.path),
+    ):
         if file is not None and not file.parent.is_dir():
             raise ConfigError(f"{p}: {key}: the folder {file.parent} does not exist")
     return config

@@ -15,7 +15,7 @@ from typing_extensions import TypedDict  # pydantic reads typing's only from Pyt
 from haltwire.control.access import reads_every_stop
 from haltwire.control.config import Caller, Role
 from haltwire.control.reports import SECTIONS, RunReport
-from haltwire.intents import Intent
+from haltwire.intents import Intent, intent_fields
 from haltwire.stops import Change, StopRecord
 from haltwire.store.audit import AuditRecord
 from haltwire.store.credentials import CredentialRecord
@@ -152,7 +152,7 @@ def checkpoint_json(checkpoint: Checkpoint | None) -> dict[str, Any] | None:
 
 
 def intent_json(intent: Intent) -> dict[str, Any]:
-    return asdict(intent)
+    return intent_fields(intent)
 
 
 def intents_json(intents: list[Intent]) -> dict[str, Any]:

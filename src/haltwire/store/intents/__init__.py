@@ -75,6 +75,11 @@ class IntentStore(Protocol):
         """Claim the oldest pending intent for ``executor``; no two executors claim one intent."""
         ...
 
+    async def claim_many(self, executor: str, now: float, limit: int) -> builtins.list[Intent]:
+        """Claim up to ``limit`` of the oldest pending intents for ``executor``, oldest first, in
+        one statement; no two executors claim one intent."""
+        ...
+
     async def commit(self, intent_id: str, executor: str, outcome: Any, now: float) -> Intent:
         """``claimed`` or ``unknown`` -> ``committed``, by the claiming executor only."""
         ...
@@ -164,6 +169,9 @@ QUERIES: Final = {
     "claim_next": "UPDATE {intents} SET state = 'claimed', claimed_by = ?, claimed_at = ?, updated_at = ? "
     "WHERE state = 'pending' AND intent_id = (SELECT intent_id FROM {intents} WHERE state = 'pending' "
     f"{_OLDEST} LIMIT 1 {{skip_locked}}) RETURNING {_COLS}",
+    # Two statements in one transaction: in PostgreSQL a LIMIT subquery inside IN (...) may be
+    # run again per row, each run skipping other locked rows, and claim more than asked.
+    "pending": f"SELECT intent_id FROM {{intents}} WHERE state = 'pending' {_OLDEST} LIMIT ? {{skip_locked}}",
     "mark_unknown": "UPDATE {intents} SET state = 'unknown', updated_at = ? "
     f"WHERE state = 'claimed' AND claimed_by = ? RETURNING {_COLS}",
     # What a per-run intent limit counts: the run's intents for a tool that passed their check.
@@ -238,6 +246,16 @@ def move_params(old: Intent, new: Intent) -> tuple[object, ...]:
 def lost_race(intent_id: str, action: str) -> IntentStateError:
     """The conditional update matched nothing: the state changed under the row lock."""
     return IntentStateError(f"intent {intent_id} changed state concurrently: cannot {action} it")
+
+
+def claim_query(ids: Sequence[str]) -> str:
+    """The update that claims the pending intents ``ids`` (``{intents}`` unbound); its parameters
+    are the executor, the time twice, then ``ids``."""
+    marks = ", ".join("?" for _ in ids)
+    return (
+        "UPDATE {intents} SET state = 'claimed', claimed_by = ?, claimed_at = ?, updated_at = ? "
+        f"WHERE state = 'pending' AND intent_id IN ({marks}) RETURNING {_COLS}"
+    )
 
 
 def list_query(run_id: str | None, states: Collection[str] | None, limit: int) -> tuple[str, list[object]]:

@@ -29,6 +29,7 @@ from haltwire.store.intents import (
     QUERIES,
     as_row,
     cancel_query,
+    claim_query,
     from_row,
     list_query,
     lost_race,
@@ -78,6 +79,16 @@ class SqlIntentStore(Store):
         # One statement: atomic on its own, in either backend.
         rows = await self._written(QUERIES["claim_next"], (claimant(executor), now, now))
         return rows[0] if rows else None
+
+    async def claim_many(self, executor: str, now: float, limit: int) -> builtins.list[Intent]:
+        if limit < 1:
+            raise ValueError("a claim asks for at least one intent")
+        async with self._db.write() as tx:
+            ids = [str(row[0]) for row in await tx.all(QUERIES["pending"], (limit,))]
+            if not ids:
+                return []
+            rows = await tx.all(claim_query(ids), (claimant(executor), now, now, *ids))
+        return oldest_first([from_row(row) for row in rows])
 
     async def _locked(self, tx: Tx, intent_id: str) -> Intent | None:
         row = await tx.one(QUERIES["get_locked"], (intent_id,))
