@@ -182,18 +182,7 @@ class ExecutorSection(BearerToken):
 
 #: Public-key signatures only: a JWKS publishes verification keys, and an HMAC token "verified"
 #: with a published key as its secret could be forged by anyone who read the JWKS.
-ISSUER_ALGORITHMS: Final = (
-    "RS256",
-    "RS384",
-    "RS512",
-    "PS256",
-    "PS384",
-    "PS512",
-    "ES256",
-    "ES384",
-    "ES512",
-    "EdDSA",
-)
+ISSUER_ALGORITHMS: Final = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
 
 
 class IssuerSection(ConfigModel):
