@@ -86,13 +86,18 @@ async def control_command(directory: Path, registry: dict[str, Any]) -> AsyncIte
         await command.start()
         yield command
     finally:
-        await command.stop()
-        for pid in command.children():  # the lifeline ends them; a failed test must not leak one
-            with anyio.move_on_after(5):
-                while alive(pid):
-                    await anyio.sleep(0.05)
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        await stopped(command)
+
+
+async def stopped(command: ControlCommand) -> None:
+    """Stop ``command`` and make sure its children are gone too."""
+    await command.stop()
+    for pid in command.children():  # the lifeline ends them; a failed test must not leak one
+        with anyio.move_on_after(5):
+            while alive(pid):
+                await anyio.sleep(0.05)
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 def alive(pid: int) -> bool:

@@ -19,7 +19,7 @@ from mcp.shared.exceptions import MCPError
 
 from cli_process import run_haltwire
 from control_harness import auth
-from control_process import ControlCommand, alive
+from control_process import ControlCommand, stopped
 from egress_harness import basic, connect_via, egress_config, http_target, running_egress
 from executor_harness import control_plane as control_plane_for_executor
 from executor_harness import executor, settled, shop
@@ -304,13 +304,7 @@ async def test_the_admin_listener_counts_the_leases_the_agents_process_grants(tm
             await register(http)
         second = await scrape(metrics, auth("viewer"))
     finally:
-        await command.stop()
-        for pid in command.children():  # the lifeline ends them; a failed test must not leak one
-            with anyio.move_on_after(5):
-                while alive(pid):
-                    await anyio.sleep(0.05)
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        await stopped(command)
     granted = "haltwire_control_leases_total"
     assert value(first, granted, result="granted") == 1
     assert value(second, granted, result="granted") == 2, "a new child counts on from the last"
