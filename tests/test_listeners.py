@@ -8,6 +8,7 @@ agents' listener is flooded.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from control_harness import TOKEN, auth, config_dict
+from gateway_processes import Processes, spawn_gateways, spawn_upstream, wait_ready
 from haltwire.config import ConfigError
 from haltwire.control import AdminOnly, EnforcementOnly, create_app, parse_control_config
 from haltwire.listener import InFlightCap, ListenerLimits, Parser
@@ -73,7 +75,9 @@ async def test_a_connection_that_never_finishes_its_head_is_closed_and_one_past_
     async with serving(app, limits=limits, lifespan="off", parser=parser) as url:
         slow = await half_open(port_of(url), 5)
         past_cap = await half_open(port_of(url), 1)
-        assert await closed_by_peer(past_cap[0], within=0.3), "a connection past the cap is closed as accepted"
+        assert await closed_by_peer(past_cap[0], within=0.3), (
+            "a connection past the cap is closed as accepted"
+        )
         started = time.monotonic()
         assert all([await closed_by_peer(s, within=3) for s in slow]), "half-open connections are timed out"
         took = time.monotonic() - started
@@ -91,7 +95,9 @@ async def test_a_request_being_answered_is_not_cut_by_the_header_timeout(parser:
         return JSONResponse({"ok": True})
 
     app = Starlette(routes=[Route("/", slow)])
-    async with serving(app, limits=ListenerLimits(header_timeout_s=0.3), lifespan="off", parser=parser) as url:
+    async with serving(
+        app, limits=ListenerLimits(header_timeout_s=0.3), lifespan="off", parser=parser
+    ) as url:
         async with httpx2.AsyncClient(timeout=5) as http:
             assert (await http.get(url)).json() == {"ok": True}
             assert (await http.get(url)).json() == {"ok": True}, "and the kept-alive connection serves again"
@@ -139,7 +145,9 @@ async def control_with_admin(tmp_path: Path, agents: ListenerLimits) -> AsyncIte
     config = parse_control_config(config_dict({"backend": "sqlite", "path": str(tmp_path / "c.db")}, 0.2))
     app = create_app(config)
     async with serving(app, limits=agents) as agent_url:
-        async with serving(AdminOnly(app), limits=ListenerLimits(max_connections=16), lifespan="off") as admin_url:
+        async with serving(
+            AdminOnly(app), limits=ListenerLimits(max_connections=16), lifespan="off"
+        ) as admin_url:
             yield agent_url, admin_url
 
 
@@ -220,8 +228,56 @@ def test_listeners_that_cannot_fit_in_the_open_file_limit_are_a_config_error() -
         "except ConfigError as exc:\n"
         "    print(exc)\n"
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
     fits, problem, pooled = out.stdout.strip().splitlines()
     assert fits == "512"
     assert "may hold 400 connections" in problem and "only 512 files" in problem
     assert "may hold 300 connections (and 100 to Redis)" in pooled and "only 512 files" in pooled
+
+
+class _Segments(asyncio.Protocol):
+    """The client's side of one connection: each read of the socket, as it came."""
+
+    def __init__(self) -> None:
+        self.reads: list[bytes] = []
+        self.closed = anyio.Event()
+
+    def data_received(self, data: bytes) -> None:
+        self.reads.append(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed.set()
+
+
+#: The end of ``/healthz``'s answer (chunked): its body and the last chunk.
+_HEALTHY = b'{"ok":true}\r\n0\r\n\r\n'
+
+
+async def test_an_answers_head_and_body_leave_in_one_write_and_a_close_sends_them_first(
+    procs: Processes,
+) -> None:
+    """uvicorn writes an answer's head and body apart; the listener sends them in one segment (one
+    wakeup of the client). The server (a gateway) is a process of its own, so that two writes
+    would reach the client apart."""
+    up = spawn_upstream(procs, "upstream")
+    (gateway,) = spawn_gateways(procs, "cork", 1, upstream=up, backend="memory")
+    wait_ready(procs, gateway.name, gateway.readyz)
+    seen = _Segments()
+    transport, _ = await asyncio.get_running_loop().create_connection(lambda: seen, "127.0.0.1", gateway.port)
+    for n in range(1, 21):
+        transport.write(b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+        with anyio.fail_after(5):
+            while len(seen.reads) < n:
+                await anyio.sleep(0.001)
+        await anyio.sleep(0.01)  # a body written apart would have come by now
+        assert len(seen.reads) == n, seen.reads[-2:]  # head and body in one segment
+        assert seen.reads[-1].startswith(b"HTTP/1.1 200") and seen.reads[-1].endswith(_HEALTHY)
+    # The last answer of a connection (HTTP/1.0: no keep-alive) is sent whole before the close.
+    transport.write(b"GET /healthz HTTP/1.0\r\nhost: 127.0.0.1\r\n\r\n")
+    with anyio.fail_after(5):
+        await seen.closed.wait()
+    transport.close()
+    last = b"".join(seen.reads[20:])
+    assert last.startswith(b"HTTP/1.1 200") and last.endswith(_HEALTHY)

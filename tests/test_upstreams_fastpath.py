@@ -206,9 +206,9 @@ async def test_a_redirecting_upstream_falls_back_to_the_sdk_client() -> None:
                 assert not (await client.call_tool("lookup_order", {})).is_error
             assert upstream_of(app)._modern is None  # later calls skip the redirect
     assert demo.served["lookup_order"] == 3
-    # The lean path (aiohttp's requests) tried once, was redirected, and left the calls to
-    # the SDK client (httpx2's requests), which follows the redirect.
-    lean = [r for r in seen.calls() if "aiohttp" in r.headers.get("user-agent", "")]
+    # The lean path (its requests' user agent is haltwire/...) tried once, was redirected, and
+    # left the calls to the SDK client (httpx2's requests), which follows the redirect.
+    lean = [r for r in seen.calls() if r.headers.get("user-agent", "").startswith("haltwire/")]
     assert [r.path for r in lean] == ["/mcp/"]
     assert [r.path for r in seen.calls() if r not in lean][-2:] == ["/mcp/", "/mcp"]
 

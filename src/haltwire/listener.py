@@ -22,7 +22,7 @@ import importlib.util
 import json
 import resource
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 import h11
 from pydantic import Field
@@ -88,7 +88,9 @@ class _HeadDeadline:
     ``header_timeout_s`` of its opening or of its last answer; ``waiting`` says whether the
     connection is still waiting for one (a request being answered is never cut)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, limits: ListenerLimits, transport: asyncio.Transport) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, limits: ListenerLimits, transport: asyncio.Transport
+    ) -> None:
         self._loop, self._timeout_s, self._transport = loop, limits.header_timeout_s, transport
         self._timer: asyncio.TimerHandle | None = None
         self.waiting: Callable[[], bool] = lambda: True
@@ -141,6 +143,43 @@ def _on_h11(limits: ListenerLimits) -> type[H11Protocol]:
     return Guarded
 
 
+class _Corked:
+    """A connection's transport whose writes within one turn of the event loop leave as one.
+
+    uvicorn writes an answer's head and its body separately: two segments, and two wakeups of
+    the client, for one answer. Held until the loop's next turn, they go in one write; a close
+    sends what is held first, an abort drops it. Everything else is the transport's own.
+    """
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport, self._loop = transport, loop
+        self._held: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._held:
+            self._loop.call_soon(self._flush)
+        self._held.append(data)
+
+    def _flush(self) -> None:
+        held, self._held = self._held, []
+        if held and not self._transport.is_closing():
+            self._transport.write(held[0] if len(held) == 1 else b"".join(held))
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._held = []
+        self._transport.abort()
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + sum(len(data) for data in self._held)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 def _on_httptools(limits: ListenerLimits) -> type[asyncio.Protocol]:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -149,7 +188,9 @@ def _on_httptools(limits: ListenerLimits) -> type[asyncio.Protocol]:
         _awaiting_head = True
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
+            corked = cast(asyncio.Transport, _Corked(transport, self.loop))
+            super().connection_made(corked)
+            transport = corked
             if _accepted(self.connections, limits, transport):
                 self._deadline = _HeadDeadline(self.loop, limits, transport)
                 self._deadline.waiting = lambda: self._awaiting_head

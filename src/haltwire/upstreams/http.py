@@ -13,7 +13,7 @@ import itertools
 import json
 import re
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import aiohttp
 import anyio
@@ -42,6 +42,7 @@ from yarl import URL
 
 from haltwire import __version__, jsonwire
 from haltwire.errors import describe
+from haltwire.upstreams import h1
 from haltwire.upstreams.sessions import client_session, env_proxy
 
 Progress = ProgressFnT
@@ -53,6 +54,7 @@ _ENVELOPE_PREFIX = "io.modelcontextprotocol/"
 
 #: Who the gateway says it is to its upstreams, on both paths.
 CLIENT_INFO: Final = types.Implementation(name="haltwire", version=__version__)
+USER_AGENT: Final = f"haltwire/{__version__}"
 
 #: Connections to one HTTP upstream at once, all kept open between calls.
 HTTP_MAX_CONNECTIONS: Final = 256
@@ -74,6 +76,24 @@ class _ProtocolViolation(Exception):
 
 #: What a failed exchange raises, all meaning "unreachable" (``asyncio.TimeoutError`` is an OSError).
 _TRANSPORT_ERRORS: Final = (aiohttp.ClientError, OSError, _ProtocolViolation)
+
+
+class _Chunks(Protocol):
+    async def readany(self) -> bytes: ...
+
+
+class _Response(Protocol):
+    """What an answer is read through: aiohttp's response, or ``h1.Answer``."""
+
+    @property
+    def status(self) -> int: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    @property
+    def content(self) -> _Chunks: ...
+    async def read(self) -> bytes: ...
+    def release(self) -> Any: ...
+    def close(self) -> None: ...
 
 
 def forwarded_meta(meta: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -104,6 +124,10 @@ class ModernHttpCaller:
     a redirect raises ``Redirected``. Cancelling a call closes its connection, which the
     upstream sees as the call's cancellation. Nothing is retried. Create it in the event loop
     that uses it; ``aclose`` closes its connections.
+
+    An ``http://`` upstream reached directly takes ``h1.Pool`` (a request in one write, the
+    answer parsed in C); ``https://``, a proxy, or a configured header that is not plain
+    Latin-1 take aiohttp.
     """
 
     def __init__(
@@ -117,7 +141,7 @@ class ModernHttpCaller:
     ) -> None:
         self._url = URL(url)
         self._name = name
-        self._session = client_session(limit=HTTP_MAX_CONNECTIONS, connect_timeout_s=HTTP_CONNECT_TIMEOUT_S)
+        self._closed = False
         self._proxy, self._proxy_auth = env_proxy(self._url)
         own = {
             "accept": "application/json, text/event-stream",
@@ -129,6 +153,22 @@ class ModernHttpCaller:
         lower = {k.lower() for k in own}
         self._headers = {k: v for k, v in (headers or {}).items() if k.lower() not in lower}
         self._headers.update(own)
+        self._lean: h1.Pool | None = None
+        self._session: aiohttp.ClientSession | None = None
+        if self._url.scheme == "http" and self._proxy is None and h1.encodable(self._headers):
+            self._lean = h1.Pool(
+                self._url,
+                limit=HTTP_MAX_CONNECTIONS,
+                connect_timeout_s=HTTP_CONNECT_TIMEOUT_S,
+                headers=self._headers,
+                user_agent=USER_AGENT,
+            )
+        else:
+            self._session = client_session(
+                limit=HTTP_MAX_CONNECTIONS,
+                connect_timeout_s=HTTP_CONNECT_TIMEOUT_S,
+                headers={"user-agent": USER_AGENT},
+            )
         self._envelope: dict[str, Any] = {
             PROTOCOL_VERSION_META_KEY: protocol_version,
             CLIENT_INFO_META_KEY: CLIENT_INFO.model_dump(mode="json", by_alias=True, exclude_none=True),
@@ -139,9 +179,13 @@ class ModernHttpCaller:
         self._ids = itertools.count(1)
 
     async def aclose(self) -> None:
-        # Shielded: this runs as the gateway shuts down, inside a cancelled scope.
-        with anyio.CancelScope(shield=True):
-            await self._session.close()
+        self._closed = True
+        if self._lean is not None:
+            self._lean.close()
+        if self._session is not None:
+            # Shielded: this runs as the gateway shuts down, inside a cancelled scope.
+            with anyio.CancelScope(shield=True):
+                await self._session.close()
 
     async def call_tool(
         self,
@@ -150,7 +194,7 @@ class ModernHttpCaller:
         meta: dict[str, Any] | None,
         progress: Progress | None,
     ) -> dict[str, Any]:
-        if self._session.closed:  # the upstream is reconnecting; its next caller is not
+        if self._closed:  # the upstream is reconnecting; its next caller is not
             raise UpstreamUnavailable(f"{self._name}: not connected")
         request_id = next(self._ids)
         out_meta = forwarded_meta(meta) or {}
@@ -165,21 +209,25 @@ class ModernHttpCaller:
             {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params},
             separators=(",", ":"),
         ).encode()
-        headers = dict(self._headers)
-        headers[MCP_NAME_HEADER] = encode_header_value(tool)
+        headers = {MCP_NAME_HEADER: encode_header_value(tool)}
         header_map = self._param_headers.get(tool)
         if header_map is not None and arguments:
             headers.update(mcp_param_headers(header_map, arguments))
         try:
-            # A cancellation before the answer's head arrives: aiohttp closes the connection.
-            response = await self._session.post(
-                self._url,
-                data=body,
-                headers=headers,
-                allow_redirects=False,
-                proxy=self._proxy,
-                proxy_auth=self._proxy_auth,
-            )
+            # A cancellation before the answer's head arrives closes the connection.
+            response: _Response
+            if self._lean is not None:
+                response = await self._lean.post(headers, body)
+            else:
+                assert self._session is not None
+                response = await self._session.post(
+                    self._url,
+                    data=body,
+                    headers={**self._headers, **headers},
+                    allow_redirects=False,
+                    proxy=self._proxy,
+                    proxy_auth=self._proxy_auth,
+                )
             try:
                 answer = await self._answer(response, request_id, progress)
             except Exception:
@@ -195,7 +243,7 @@ class ModernHttpCaller:
             raise UpstreamUnavailable(f"{self._name}: {describe(exc)}") from exc
 
     async def _answer(
-        self, response: aiohttp.ClientResponse, request_id: int, progress: Progress | None
+        self, response: _Response, request_id: int, progress: Progress | None
     ) -> dict[str, Any]:
         status = response.status
         content_type = response.headers.get("content-type", "").partition(";")[0].strip().lower()
@@ -229,7 +277,7 @@ class ModernHttpCaller:
         raise MCPError(INVALID_REQUEST, f"Unexpected content type: {content_type}")
 
     async def _stream(
-        self, response: aiohttp.ClientResponse, request_id: int, progress: Progress | None
+        self, response: _Response, request_id: int, progress: Progress | None
     ) -> dict[str, Any]:
         events = _SSEDecoder(DEFAULT_MAX_SSE_EVENT_SIZE)
         while True:
