@@ -10,6 +10,7 @@ HTTP headers: a stream that is accepted and then goes silent.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 from collections.abc import AsyncIterator
@@ -23,7 +24,8 @@ from anyio.abc import SocketAttribute
 def _reset_on_close(stream: anyio.abc.SocketStream) -> None:
     # SO_LINGER 0: closing sends RST instead of FIN, an abrupt disconnect.
     raw = stream.extra(SocketAttribute.raw_socket)
-    raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):  # closed already by its peer's side: nothing to reset
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
 class TcpProxy:

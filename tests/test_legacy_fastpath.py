@@ -1,10 +1,11 @@
 """Handshake-era ``tools/call`` on the fast path (``haltwire.gateway.legacy``).
 
 The fast path must answer a 2024-11-05 to 2025-11-25 client exactly as the SDK's stateless
-handler does. The SDK still serves a call that carries a progress token, so the same call with
-and without one is answered once by each path: the answers must match byte for byte (the
-upstream sends no progress), for a result, a refusal and a protocol error, at every handshake
-version and with no version header. The SDK's handler logs each transport it creates at debug
+handler does, as a JSON body rather than the SDK's one server-sent event (the transport allows
+either; see the module). The SDK still serves a call that carries a progress token, so the same
+call with and without one is answered once by each path: the fast path's body must match the
+SDK's event's data byte for byte (the upstream sends no progress), for a result, a refusal and a
+protocol error, at every handshake version and with no version header. The SDK's handler logs each transport it creates at debug
 level: the fast path must create none.
 """
 
@@ -19,6 +20,7 @@ import pytest
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
+from tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.anyio
 
@@ -66,11 +68,10 @@ async def test_the_fast_path_answers_as_the_sdk_does(
             with_progress = {**call, "_meta": {"progressToken": "p-1"}}
             sdk = await post(http, url, version, with_progress)
             assert sdk_transports(caplog) == before + 1, "a call with a progress token is the SDK's"
-            assert (fast.status_code, fast.headers["content-type"]) == (
-                sdk.status_code,
-                sdk.headers["content-type"],
-            )
-            assert fast.content == sdk.content, (fast.text, sdk.text)
+            assert (fast.status_code, fast.headers["content-type"]) == (sdk.status_code, "application/json")
+            assert sdk.headers["content-type"] == "text/event-stream"
+            assert fast.headers["content-length"] == str(len(fast.content))
+            assert sdk.content == b"event: message\r\ndata: " + fast.content + b"\r\n\r\n", (fast.text, sdk.text)
             answers.append(fast.text)
     assert '"order A-1: shipped"' in answers[0] and '"resultType"' not in answers[0]
     assert '"error":{"code":-32602' in answers[1]
@@ -114,3 +115,21 @@ async def test_the_official_client_in_legacy_mode_takes_the_fast_path(
     assert results[3].structured_content is not None
     assert results[3].structured_content["error"]["code"] == "budget_exhausted"
     assert demo.served["lookup_order"] == 3
+
+
+async def test_the_official_client_in_legacy_mode_keeps_one_connection_for_its_calls() -> None:
+    """The SDK's client closes its connection after an SSE answer's event; the fast path's JSON
+    answers leave it open for the next call (through a proxy that counts connections)."""
+    async with (
+        running_upstream() as (_, up),
+        running_gateway(config_dict(up)) as (_, url),
+        TcpProxy.running(int(url.rsplit(":", 1)[1].split("/")[0])) as proxy,
+        connect(f"{proxy.url}/mcp", TOKENS["ops-bot"], mode="legacy") as client,
+    ):
+        await client.list_tools()
+        before = proxy.accepted
+        for i in range(10):
+            assert not (await client.call_tool("lookup_order", {"order_id": f"A-{i}"})).is_error
+        # One new connection at most: tools/list is the SDK's, answered as SSE, so the client
+        # closed the connection it came on.
+        assert proxy.accepted - before <= 1, proxy.accepted - before

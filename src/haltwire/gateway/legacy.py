@@ -5,10 +5,15 @@ Python client in legacy mode) send each later call with ``MCP-Protocol-Version``
 version they negotiated, or with none (2025-03-26). The SDK's stateless handler serves each such
 call with a session of its own (a transport, a dispatcher, their tasks and streams), which costs
 more than every check haltwire makes. The fast path serves them through the same pipeline as a
-modern call and answers as that handler does: HTTP 200 and one server-sent event holding the
+modern call and answers with what that handler's one server-sent event holds: HTTP 200 and the
 JSON-RPC answer, errors included; the result shaped by the SDK's surface for the client's
 version (``serialize_server_result``: a 2026 field such as ``resultType`` is not sent to a 2025
 client); a refusal as a tool result, as the SDK path gives it.
+
+The answer is a JSON body, not an SSE stream: the transport lets a server answer a request
+either way and every client must take both, and the SDK's client closes its connection after
+an SSE answer's event (it does not read the stream's end), so an SSE answer cost each call a new
+TCP connection (``benchmarks/gateway.py``, ``haltwire-hs``).
 
 The gateway is stateless (it issues no ``Mcp-Session-Id``), so a session id a client sends is
 ignored here as the SDK's stateless handler ignores it. What the fast path does not take goes to
@@ -28,14 +33,14 @@ from mcp_types.methods import serialize_server_result
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from haltwire.gateway.progress import SSE_HEADERS, Outcome
+from haltwire.gateway.progress import Outcome
 from haltwire.gateway.wire import jsonrpc_error, jsonrpc_result
 from haltwire.refusal import Refusal
 
 #: The version a request without ``MCP-Protocol-Version`` speaks (the transport spec's default).
 DEFAULT_VERSION: Final = "2025-03-26"
-#: The SDK's stateless handler answers with these, and so does the fast path.
-HEADERS: Final = SSE_HEADERS
+#: The fast path's answers are JSON (the module's docstring says why).
+HEADERS: Final = [(b"content-type", b"application/json")]
 
 
 def _media_types(header: str) -> list[str]:
@@ -68,7 +73,8 @@ def served_version(headers: Mapping[str, str], params: Mapping[str, Any]) -> str
 
 
 def answer(request_id: str | int, outcome: Outcome, version: str) -> bytes:
-    """``outcome`` as the one server-sent event the SDK's handler would send ``version``'s client."""
+    """``outcome`` as the JSON-RPC answer the SDK's handler would send ``version``'s client (the
+    data of its one server-sent event)."""
     if isinstance(outcome, MCPError):
         payload = jsonrpc_error(request_id, outcome.code, outcome.message, outcome.data)
     else:
@@ -78,4 +84,4 @@ def answer(request_id: str | int, outcome: Outcome, version: str) -> bytes:
         except ValidationError:
             # The SDK's answer to a result its surface rejects; the detail stays out of the answer.
             payload = jsonrpc_error(request_id, INTERNAL_ERROR, "Handler returned an invalid result")
-    return b"event: message\r\ndata: " + payload + b"\r\n\r\n"
+    return payload
