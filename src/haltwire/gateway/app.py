@@ -75,6 +75,8 @@ from haltwire.gateway.wire import (
     jsonrpc_result,
     read_body,
     replayed,
+    respond,
+    respond_refusal,
     until_disconnect,
 )
 from haltwire.identity import Identity, bearer_token
@@ -86,7 +88,6 @@ from haltwire.upstreams.http import Progress
 
 log = logging.getLogger("haltwire.gateway")
 
-_JSON_HEADERS: Final = [(b"content-type", b"application/json")]
 _METRICS_HEADERS: Final = [(b"content-type", CONTENT_TYPE.encode())]
 #: The headers the fast path reads: the envelope ladder's three, ``Accept``, ``Content-Type``
 #: (a handshake-era call's) and the lease.
@@ -107,24 +108,6 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
         if k == name:
             return bytes(v)
     return None
-
-
-async def _respond(
-    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    # With its length, not chunked: less to write, and less for the client to read and parse.
-    sized = [*(headers or _JSON_HEADERS), (b"content-length", b"%d" % len(body))]
-    await send({"type": "http.response.start", "status": status, "headers": sized})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _respond_refusal(send: Send, r: Refusal) -> None:
-    headers = list(_JSON_HEADERS)
-    if r.retry_after_s is not None:
-        headers.append((b"retry-after", str(max(1, round(r.retry_after_s))).encode()))
-    if r.code == "unauthenticated":
-        headers.append((b"www-authenticate", b'Bearer realm="haltwire"'))
-    await _respond(send, r.http_status, r.http_body(), headers)
 
 
 class GatewayApp:
@@ -172,34 +155,34 @@ class GatewayApp:
         path = scope["path"].rstrip("/")
         if path == "/healthz":
             # Probed by address (load balancers, orchestrators); it says nothing but "up".
-            await _respond(send, 200, b'{"ok":true}')
+            await respond(send, 200, b'{"ok":true}')
             return
         if path == "/readyz":
             # Probed by address too; it names what is not ready, nothing secret.
-            await _respond(send, *readiness(self.gateway, self.started))
+            await respond(send, *readiness(self.gateway, self.started))
             return
         if path == "/metrics":  # scraped by address, no token: counts, no identity or run in them
-            await _respond(send, 200, exposition(self.gateway.metrics.registry), _METRICS_HEADERS)
+            await respond(send, 200, exposition(self.gateway.metrics.registry), _METRICS_HEADERS)
             return
         refused = self.hosts.refusal(scope["headers"])
         if refused is not None:
-            await _respond(send, *refused)
+            await respond(send, *refused)
             return
         if path in MODEL_PATHS and self.models is not None and scope["method"] == "POST":
             if not self.started and not await self.start_state.wait():
-                await _respond(send, 503, NOT_STARTED)
+                await respond(send, 503, NOT_STARTED)
                 return
             # The same edge, its refusals in OpenAI's shape; the rest is haltwire.gateway.model_calls.
             if (who := await self._who(scope, send, respond_model)) is not None:
                 await self.models.serve(path, scope, receive, send, *who, self.max_body_bytes)
             return
         if path != "/mcp":
-            await _respond(
+            await respond(
                 send, 404, b'{"error":{"code":"not_found","message":"Not found.","retryable":false}}'
             )
             return
         if not self.started and not await self.start_state.wait():
-            await _respond(send, 503, NOT_STARTED)
+            await respond(send, 503, NOT_STARTED)
             return
         await self._edge(scope, receive, send)
 
@@ -269,10 +252,10 @@ class GatewayApp:
 
     async def _refused(self, send: Send, r: Refusal) -> None:
         self.gateway.metrics.refused(r)  # an edge refusal: counted, as the pipeline's are
-        await _respond_refusal(send, r)
+        await respond_refusal(send, r)
 
     async def _edge(self, scope: Scope, receive: Receive, send: Send) -> None:
-        who = await self._who(scope, send, _respond_refusal)
+        who = await self._who(scope, send, respond_refusal)
         if who is None:
             return
         identity, credential = who
@@ -297,7 +280,7 @@ class GatewayApp:
             try:
                 message = jsonwire.loads(body)
             except jsonwire.NotJson as exc:
-                await _respond(send, 400, jsonrpc_error(None, PARSE_ERROR, f"Parse error: {exc}"))
+                await respond(send, 400, jsonrpc_error(None, PARSE_ERROR, f"Parse error: {exc}"))
                 return
             except (ValueError, RecursionError):
                 pass  # not JSON at all: the SDK answers it with its own parse error
@@ -418,7 +401,7 @@ class GatewayApp:
         if result is None:
             return  # the client went away; nothing to answer
         if legacy_version is not None:
-            await _respond(send, 200, legacy.answer(request_id, result, legacy_version), legacy.HEADERS)
+            await respond(send, 200, legacy.answer(request_id, result, legacy_version), legacy.HEADERS)
             return
         await self._answer(identity, request_id, result, committed_sse, send)
 
@@ -432,7 +415,7 @@ class GatewayApp:
             status = ERROR_CODE_HTTP_STATUS.get(result.code, 200 if result.code != INTERNAL_ERROR else 500)
         elif isinstance(result, Refusal):
             if identity.refuse_at == "edge" and not committed_sse:
-                await _respond_refusal(send, result)
+                await respond_refusal(send, result)
                 return
             payload = jsonrpc_result(request_id, self._stamp(result.tool_result()))
         else:
@@ -443,7 +426,7 @@ class GatewayApp:
                 {"type": "http.response.body", "body": f"event: message\r\ndata: {data}\r\n\r\n".encode()}
             )
         else:
-            await _respond(send, status, payload)
+            await respond(send, status, payload)
 
     def _stamp(self, result: dict[str, Any]) -> dict[str, Any]:
         result.setdefault("resultType", "complete")

@@ -1,18 +1,23 @@
 """The gateway edge's plumbing on the wire: a request body read within its limit (and handed on
 to the SDK's handler as if unread), a call cancelled when its client disconnects, JSON-RPC
-answers and their server-sent-event framing."""
+answers and their server-sent-event framing, and answers written whole (with their length)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import anyio
-from starlette.types import Message, Receive
+from starlette.types import Message, Receive, Send
+
+from haltwire.refusal import Refusal
 
 T = TypeVar("T")
+
+
+JSON_HEADERS: Final = [(b"content-type", b"application/json")]
 
 
 class BodyTooLarge(Exception):
@@ -108,3 +113,21 @@ async def until_disconnect(call: Awaitable[T], receive: Receive) -> T | None:
         return None  # cancelled by the watcher
     finally:
         watcher.cancel()
+
+
+async def respond(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    # With its length, not chunked: less to write, and less for the client to read and parse.
+    sized = [*(headers or JSON_HEADERS), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": status, "headers": sized})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def respond_refusal(send: Send, r: Refusal) -> None:
+    headers = list(JSON_HEADERS)
+    if r.retry_after_s is not None:
+        headers.append((b"retry-after", str(max(1, round(r.retry_after_s))).encode()))
+    if r.code == "unauthenticated":
+        headers.append((b"www-authenticate", b'Bearer realm="haltwire"'))
+    await respond(send, r.http_status, r.http_body(), headers)
