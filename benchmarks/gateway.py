@@ -28,6 +28,10 @@ It prints:
       handler before each call with arguments, to validate ``Mcp-Param-*`` headers);
     - ``fastmcp``: FastMCP's ``create_proxy`` over an already-connected client, with its
       ``RateLimitingMiddleware`` keyed by the caller's bearer token;
+    - ``contextforge``: IBM ContextForge 1.1.0 on Python 3.12 from a venv of its own
+      (``--contextforge-venv``), SQLite, its per-user rate limiter plugin on, the upstream
+      registered as a gateway and exposed by a virtual server (``benchmarks/contextforge.py``);
+      skipped, with the reason, when that venv is missing or broken;
 
     and how many upstream HTTP requests each ``tools/call`` cost.
 
@@ -67,6 +71,7 @@ from typing import Any
 import anyio
 import httpx2
 
+import contextforge
 import tripwires as rule_cost
 from procs import HOST, free_port, load_average, pct, processes, spawn, wait_ready
 
@@ -76,7 +81,16 @@ TOOL = "lookup_order"
 #: Every call looks up another order (so the ``repeated_calls`` rule does not trip) and carries
 #: an amount (so the money rule counts it); the demo upstream ignores ``amount_cents``.
 AMOUNT_CENTS = 5
-VARIANTS = ["direct", "haltwire", "haltwire+5tw", "haltwire-hs", "bare", "bare+schema", "fastmcp"]
+VARIANTS = [
+    "direct",
+    "haltwire",
+    "haltwire+5tw",
+    "haltwire-hs",
+    "bare",
+    "bare+schema",
+    "fastmcp",
+    "contextforge",
+]
 TRIPWIRES = "haltwire+5tw"
 #: A session-keeping client's calls take the fast path too: about the CPU of a sessionless one's.
 MAX_HANDSHAKE_CPU_RATIO = 1.25
@@ -96,6 +110,7 @@ MIN_FASTMCP_TPUT_RATIO = 2.0
 MAX_CONTEXTFORGE_P50_SHARE = 0.1
 LEASE_SECRET = "bench-lease-key-never-in-production-0123456789"
 SCRIPT = str(Path(__file__).resolve())
+REPO = Path(__file__).resolve().parent.parent
 _orders = itertools.count(1)
 
 
@@ -261,6 +276,8 @@ class Proc:
     name: str
     url: str
     popen: subprocess.Popen[bytes] | None = None
+    headers: dict[str, str] | None = None  #: instead of the benchmark's bearer token
+    tool: str = TOOL  #: the name the server lists the benchmark's tool under
 
     @property
     def pid(self) -> int | None:
@@ -402,14 +419,31 @@ class VariantStats:
     errors: int = 0
 
 
+class _Renamed:
+    """A client whose calls of the benchmark's tool go to the name a proxy lists it under."""
+
+    def __init__(self, client: Any, tool: str) -> None:
+        self._client, self._tool = client, tool
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
+        return await self._client.call_tool(self._tool if name == TOOL else name, arguments)
+
+
 @contextlib.asynccontextmanager
-async def mcp_client(url: str, lease: str | None = None, mode: str = "auto") -> AsyncIterator[Any]:
-    """The official MCP client over streamable HTTP, with a bearer token (and ``lease`` in the
-    ``Haltwire-Lease`` header on every request), no response cache."""
+async def mcp_client(
+    url: str,
+    lease: str | None = None,
+    mode: str = "auto",
+    headers: dict[str, str] | None = None,
+    tool: str = TOOL,
+) -> AsyncIterator[Any]:
+    """The official MCP client over streamable HTTP, with a bearer token (or ``headers``; and
+    ``lease`` in the ``Haltwire-Lease`` header on every request), no response cache; its calls
+    of ``TOOL`` go to ``tool``, the name the server lists it under."""
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
 
-    headers = {"Authorization": f"Bearer {TOKEN}"}
+    headers = dict(headers or {"Authorization": f"Bearer {TOKEN}"})
     if lease is not None:
         headers["Haltwire-Lease"] = lease
     http = httpx2.AsyncClient(
@@ -420,8 +454,10 @@ async def mcp_client(url: str, lease: str | None = None, mode: str = "auto") -> 
     async with http, Client(streamable_http_client(url, http_client=http), cache=None, mode=mode) as client:
         # List once, as an agent does: the client validates structured results against the
         # listed output schema (it would otherwise list on the first call).
-        await client.list_tools()
-        yield client
+        listed = [t.name for t in (await client.list_tools()).tools]
+        if tool not in listed:
+            raise RuntimeError(f"{url} does not list {tool!r}: {listed}")
+        yield client if tool == TOOL else _Renamed(client, tool)
 
 
 async def one_call(client: Any) -> bool:
@@ -513,8 +549,18 @@ async def bench_calls(
             servers[name] = Proc(name, f"{base}/mcp", procs[-1])
         if HANDSHAKE in opts.variants and "haltwire" in servers:
             servers[HANDSHAKE] = servers["haltwire"]
+        if "contextforge" in opts.variants:
+            why = contextforge.skipped_because(opts.contextforge_venv)
+            if why is None:
+                cf = await contextforge.start(opts.contextforge_venv, upstream_mcp, workdir / "contextforge")
+                procs.append(cf.process)
+                servers["contextforge"] = Proc(
+                    "contextforge", cf.url, cf.process, cf.headers, cf.tools.get(TOOL, TOOL)
+                )
+            else:
+                info.setdefault("skipped", {})["contextforge"] = why
 
-        names = [v for v in VARIANTS if v in opts.variants]
+        names = [v for v in VARIANTS if v in opts.variants and v in servers]
         stats = {v: VariantStats() for v in names}
         async with contextlib.AsyncExitStack() as stack, httpx2.AsyncClient(timeout=5.0) as http:
             lease = lease_token()
@@ -524,6 +570,8 @@ async def bench_calls(
                         servers[v].url,
                         lease if v == TRIPWIRES else None,
                         mode="legacy" if v == HANDSHAKE else "auto",
+                        headers=servers[v].headers,
+                        tool=servers[v].tool,
                     )
                 )
                 for v in names
@@ -701,6 +749,8 @@ def report_calls(
             f"    {v:<12} {p50[v]:>8.2f} {p99[v]:>8.2f} {tput[v]:>8.0f} {r_lat:>10} {r_tp:>11} "
             f"{cpu:>10} {client_cpu:>10} {per_call:>17} {spread:>13}"
         )
+    for v, why in info.get("skipped", {}).items():
+        print(f"    {v:<14} skipped: {why}")
     print(
         "    calls/s: median over rounds. server CPU: user+system ms per call of the process the client "
         "talks to (the upstream for direct, else the proxy), client CPU: of this process, both over the "
@@ -819,6 +869,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument(
         "--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS}"
+    )
+    parser.add_argument(
+        "--contextforge-venv",
+        type=Path,
+        default=contextforge.default_venv(REPO),
+        help="ContextForge's own venv (default: $HALTWIRE_CONTEXTFORGE_VENV, else .venv-contextforge)",
     )
     opts = parser.parse_args(argv)
     if opts.cmd == "serve":

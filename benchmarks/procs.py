@@ -73,13 +73,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def spawn(
+    args: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """Start a server, its output to ``log``; ``env`` replaces this process's environment when
+    given (a server in another interpreter's venv), ``cwd`` is its working directory."""
+    env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
     with log.open("wb") as out:
         # A session of its own: a Ctrl-C reaches the benchmark only, which then stops the
         # servers in order (watchers must not see the control plane vanish first and log errors).
         return subprocess.Popen(
             args,
+            cwd=cwd,
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
@@ -92,9 +97,9 @@ def _read(log: Path) -> str:
     return log.read_text(errors="replace")
 
 
-async def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    """Wait until ``url`` answers HTTP at all (30 s at most), or fail with the server's log."""
-    with anyio.move_on_after(30):
+async def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 30) -> None:
+    """Wait until ``url`` answers HTTP at all (``timeout_s`` at most), or fail with the server's log."""
+    with anyio.move_on_after(timeout_s):
         async with httpx2.AsyncClient(timeout=2.0) as http:
             while True:
                 if proc.poll() is not None:
@@ -106,7 +111,7 @@ async def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None
                         return
                 except httpx2.TransportError:
                     await anyio.sleep(0.05)
-    raise RuntimeError(f"{url} did not come up in 30 s:\n{_read(log)}")
+    raise RuntimeError(f"{url} did not come up in {timeout_s:g} s:\n{_read(log)}")
 
 
 @contextlib.contextmanager
