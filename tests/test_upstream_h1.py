@@ -247,3 +247,12 @@ async def test_headers_that_cannot_be_written_as_they_are_take_aiohttp() -> None
     ):
         assert c._lean is None and c._session is not None
         await c.aclose()
+
+
+def test_the_host_header_names_the_port_only_when_not_80_and_brackets_an_ipv6_address() -> None:
+    def head(url: str) -> bytes:
+        return h1.Pool(URL(url), limit=1, connect_timeout_s=1, headers={}, user_agent="t")._head
+
+    assert b"\r\nhost: [::1]:8080\r\n" in head("http://[::1]:8080/mcp")
+    assert b"\r\nhost: example.test\r\n" in head("http://example.test/mcp?x=1")
+    assert head("http://example.test/mcp?x=1").startswith(b"POST /mcp?x=1 HTTP/1.1\r\n")

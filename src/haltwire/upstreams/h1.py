@@ -259,7 +259,8 @@ class Pool:
         assert url.scheme == "http" and url.host is not None
         self._host, self._port = url.host, url.port or 80
         self._timeout_s = connect_timeout_s
-        host = url.host if url.port in (None, 80) else f"{url.host}:{url.port}"
+        name = f"[{url.host}]" if ":" in url.host else url.host  # an IPv6 address in brackets
+        host = name if url.port in (None, 80) else f"{name}:{url.port}"
         fixed = {"host": host, "user-agent": user_agent, "accept-encoding": "identity"}
         fixed.update((k.lower(), v) for k, v in headers.items())  # as aiohttp: the configured win
         lines = "".join(f"{k}: {v}\r\n" for k, v in fixed.items())
