@@ -1,0 +1,145 @@
+"""A master of a Redis Cluster with replicas killed mid-run (``redis_cluster(replicas=1)``: three
+masters, a replica of each, all on loopback): the gateway fails closed on the killed master's
+keys until its replica has taken over, then serves them again, with the same client, without
+a restart; the other masters' keys are served throughout.
+
+Where the keys live (fixed by their names): acme/ops-bot@1.0 on the second master,
+acme/billing-bot@2.0 on the first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import anyio
+import pytest
+
+from cluster_harness import DOWN, CallStream, call, counters
+from haltwire.identity import Identity
+from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
+from redis_cluster import NODE_TIMEOUT_MS, RedisClusterProcesses, redis_cluster
+from redis_process import unique_prefix
+
+pytestmark = [pytest.mark.anyio, pytest.mark.redis]
+
+OPS = Identity("ops-bot", "acme", "1.0")
+BILLING = Identity("billing-bot", "acme", "2.0")
+#: The counters' deadline: an admission, wait included, takes no longer (then it is refused).
+TIMEOUT_S = 0.5
+#: The budget's window: one for the whole test (its key ends ``:b:1``).
+WINDOW_S = 1e9
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcesses]:
+    with redis_cluster(tmp_path_factory.mktemp("cluster"), replicas=1) as c:
+        yield c
+
+
+async def test_a_master_killed_mid_run_fails_closed_until_its_replica_takes_over_then_serves(
+    cluster: RedisClusterProcesses,
+) -> None:
+    """Two streams of calls through one gateway, ops-bot's and billing-bot's (each on its own
+    master). ops-bot's master is killed (SIGKILL) mid-run. Until its replica is promoted, every
+    ops-bot call is refused ``counters_unavailable`` (retryable) within the counters' deadline
+    and none reaches the upstream; billing-bot is served throughout. Once the replica has taken
+    over, the same gateway serves ops-bot again, up to its budget and not past it: the promoted
+    replica's count, plus every call admitted after the failover, is the budget. The count the
+    replica held at the kill is read from it before its promotion: Redis replicates
+    asynchronously, so what a failover can lose is what the master acknowledged and the replica
+    had not received (here at most the call in flight). The old master, restarted, comes back a
+    replica of the new one, and its own (older) AOF does not bring counts back."""
+    budget = 300
+    key = f"{{{OPS.counted_as}}}"
+    master = cluster.node_of(key)
+    replica = cluster.replica_of(master)
+    assert master is not cluster.node_of(f"{{{BILLING.counted_as}}}")
+    assert cluster.serving(key) is master
+    prefix = unique_prefix("hwtest-failover")
+    budget_key = f"{prefix}:{key}:b:1"
+    limits = {"budget": budget, "window_s": WINDOW_S}
+    async with running_upstream() as (demo, up):
+        data = config_dict(up, limits=limits, counters=counters(cluster, prefix, TIMEOUT_S))
+        async with (
+            running_gateway(data) as (_, url),
+            connect(url, TOKENS["ops-bot"]) as ops_client,
+            connect(url, TOKENS["billing-bot"]) as billing_client,
+        ):
+            ops, billing = CallStream(ops_client), CallStream(billing_client)
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(ops.run)
+                    tg.start_soon(billing.run)
+                    with anyio.fail_after(20):
+                        while ops.count("ok") < 5:
+                            await anyio.sleep(0.005)
+                    await anyio.to_thread.run_sync(master.kill)
+                    killed_at = time.monotonic()
+                    await anyio.sleep(0.2)  # the replica reads what was sent to it before the kill
+                    value, role = await anyio.to_thread.run_sync(replica.read, budget_key)
+                    assert role == "slave", "read before its promotion (the node timeout is 1 s)"
+                    at_kill = int(value or 0)
+                    promoted = await anyio.to_thread.run_sync(cluster.wait_failed_over, key, master)
+                    promoted_at = time.monotonic()
+                    assert promoted is replica
+                    with anyio.fail_after(10):
+                        while not (served := [c for c in ops.between(killed_at) if c.outcome == "ok"]):
+                            await anyio.sleep(0.005)
+                    served_again_at = served[0].started
+                    with anyio.fail_after(10):
+                        while len(ops.between(served_again_at)) < 5:
+                            await anyio.sleep(0.005)
+                    ops.stop.set()
+                    billing.stop.set()
+                before = ops.between(0, killed_at)
+                outage = ops.between(killed_at, served_again_at)
+                after = ops.between(served_again_at)
+                assert outage and {c.outcome for c in outage} == {DOWN}, Counter(c.outcome for c in outage)
+                slowest = max(c.took_s for c in outage)
+                assert slowest < TIMEOUT_S + 0.5, (
+                    f"a refusal took {slowest:.2f} s: past the counters' deadline"
+                )
+                assert {c.outcome for c in after} == {"ok"}, Counter(c.outcome for c in after)
+                assert served_again_at - killed_at > NODE_TIMEOUT_MS / 1000, "not before the kill was noticed"
+                assert served_again_at - promoted_at < 1.0, (
+                    "served again within a call or two of the failover"
+                )
+                billing_since = billing.between(killed_at)
+                assert len(billing.between(killed_at, promoted_at)) >= 5, (
+                    "billing-bot called during the outage"
+                )
+                assert {c.outcome for c in billing_since} == {"ok"}, Counter(c.outcome for c in billing_since)
+                ok_before = sum(c.outcome == "ok" for c in before)
+                ok_after = len(after)
+                # The ops-bot calls that drive it to the end of its budget.
+                rest: list[str] = []
+                with anyio.fail_after(20):
+                    while not rest or rest[-1] != "budget_exhausted":
+                        rest.append(await call(ops_client))
+                assert set(rest) == {"ok", "budget_exhausted"}, Counter(rest)
+                ok_after += rest.count("ok")
+                served = ops.count("ok") + billing.count("ok") + rest.count("ok")
+                assert demo.served["lookup_order"] == served, (
+                    "every call served was answered ok, and no other"
+                )
+                lost = ok_before - at_kill
+                assert ok_after == budget - at_kill, (
+                    f"after the failover: {ok_after} admitted on top of the replica's {at_kill} for {budget}"
+                )
+                assert lost <= 1, f"the failover lost {lost} counts acknowledged before the kill"
+                assert ok_before + ok_after <= budget + max(0, lost), "past the budget by more than was lost"
+                value, role = await anyio.to_thread.run_sync(promoted.read, budget_key)
+                assert role == "master" and int(value or 0) == budget
+            finally:
+                if not master.running:
+                    await anyio.to_thread.run_sync(cluster.restart, master)
+            # The old master is back as a replica of the promoted one: it took the promoted one's
+            # count, not its own AOF's, and ops-bot's budget stays spent.
+            assert cluster.serving(key) is promoted
+            await anyio.to_thread.run_sync(cluster.wait_replicating)
+            value, role = await anyio.to_thread.run_sync(master.read, budget_key)
+            assert role == "slave" and int(value or 0) == budget
+            assert await call(ops_client) == "budget_exhausted"
+            assert await call(billing_client) == "ok"
