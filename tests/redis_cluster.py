@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -45,6 +46,7 @@ class ClusterNode:
         self.bus_port = bus_port
         self.workdir = workdir
         self.proc: subprocess.Popen[bytes] | None = None
+        self.frozen = False
 
     def start(self) -> None:
         assert self.proc is None, "already running"
@@ -97,13 +99,30 @@ class ClusterNode:
     def kill(self) -> None:
         """SIGKILL (a crash) and wait until it is gone."""
         proc, self.proc = self.proc, None
+        self.frozen = False
         if proc is not None:
             proc.kill()
             proc.wait(timeout=10)
 
+    def freeze(self) -> None:
+        """SIGSTOP: a host that hangs (connections open, nothing answered, no reset), not a crash."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+        self.frozen = True
+
+    def thaw(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+        self.frozen = False
+
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def answering(self) -> bool:
+        """Running and not frozen."""
+        return self.running and not self.frozen
 
     def read(self, key: str) -> tuple[bytes | None, str]:
         """``key``'s value on this node, a replica too (``READONLY``), and the node's role after
@@ -182,12 +201,12 @@ class RedisClusterProcesses:
         diskless sync Redis 7.0 holds a replica's stream until the replica's first acknowledgement,
         up to a second later: a count taken before then is on the master only."""
         deadline = time.monotonic() + timeout_s
-        while not all(self._linked(node) for node in self.nodes if node.running):
+        while not all(self._linked(node) for node in self.nodes if node.answering):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the test cluster's replicas were not in sync within {timeout_s} s")
             time.sleep(0.05)
         for node in self.nodes:
-            if not node.running:
+            if not node.answering:
                 continue
             c = node.client()
             try:
@@ -219,7 +238,7 @@ class RedisClusterProcesses:
         """Until every running node says the cluster is ok, knows every other node and where
         every slot is (else a client's first map of the slots sends commands astray: MOVED)."""
         deadline = time.monotonic() + timeout_s
-        while not all(self._ok(node) for node in self.nodes if node.running):
+        while not all(self._ok(node) for node in self.nodes if node.answering):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the test cluster was not ok within {timeout_s} s")
             time.sleep(0.05)
@@ -246,8 +265,17 @@ class RedisClusterProcesses:
         return next(node for i, node in enumerate(self.masters) if slot < (i + 1) * SLOTS // n)
 
     def replica_of(self, master: ClusterNode) -> ClusterNode:
-        """The replica started to follow ``master``."""
-        return next(node for node, of in self.replicas if of is master)
+        """A running replica of ``master`` now (its ``INFO replication``)."""
+        for node in self.nodes:
+            if node.answering and node is not master:
+                c = node.client()
+                try:
+                    info = c.info("replication")
+                finally:
+                    c.close()
+                if info.get("role") == "slave" and info.get("master_port") == master.port:
+                    return node
+        raise LookupError(f"no replica of port {master.port}")
 
     def owners(self, asked: ClusterNode) -> dict[ClusterNode, list[tuple[int, int]]]:
         """The masters serving slots as ``asked`` (a running node) sees them now (``CLUSTER
@@ -277,7 +305,7 @@ class RedisClusterProcesses:
         """The master serving ``key``'s slot as ``asked`` (a running node, by default the first)
         sees it now; None while the slot's master is marked failed."""
         slot = key_slot(key.encode())
-        owners = self.owners(asked or next(n for n in self.nodes if n.running))
+        owners = self.owners(asked or next(n for n in self.nodes if n.answering))
         return next((node for node, ranges in owners.items() if any(a <= slot <= b for a, b in ranges)), None)
 
     def _key_on(self, master: ClusterNode) -> str:
@@ -290,10 +318,10 @@ class RedisClusterProcesses:
         )
 
     def wait_failed_over(self, key: str, killed: ClusterNode, timeout_s: float = 20.0) -> ClusterNode:
-        """Until every running node sees a master other than ``killed`` serving ``key``'s slot; that master."""
+        """Until every answering node sees a master other than ``killed`` serving ``key``'s slot; that master."""
         deadline = time.monotonic() + timeout_s
         while True:
-            seen = {self.serving(key, n) for n in self.nodes if n.running}
+            seen = {self.serving(key, n) for n in self.nodes if n.answering}
             if len(seen) == 1 and None not in seen and killed not in seen:
                 promoted = seen.pop()
                 assert promoted is not None
@@ -314,7 +342,7 @@ class RedisClusterProcesses:
 
     def flushall(self) -> None:
         for node in self.nodes:
-            if node.running:
+            if node.answering:
                 c = node.client()
                 try:
                     if c.info("replication").get("role") == "master":
@@ -324,7 +352,7 @@ class RedisClusterProcesses:
 
     def stop(self) -> None:
         for node in self.nodes:
-            node.kill()
+            node.kill()  # a frozen one too
 
 
 @contextlib.contextmanager

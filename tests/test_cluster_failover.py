@@ -38,8 +38,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterPr
         yield c
 
 
-async def test_a_master_killed_mid_run_fails_closed_until_its_replica_takes_over_then_serves(
-    cluster: RedisClusterProcesses,
+@pytest.mark.parametrize("how", ["killed", "frozen"])
+async def test_a_master_lost_mid_run_fails_closed_until_its_replica_takes_over_then_serves(
+    cluster: RedisClusterProcesses, how: str
 ) -> None:
     """Two streams of calls through one gateway, ops-bot's and billing-bot's (each on its own
     master). ops-bot's master is killed (SIGKILL) mid-run. Until its replica is promoted, every
@@ -49,14 +50,13 @@ async def test_a_master_killed_mid_run_fails_closed_until_its_replica_takes_over
     replica's count, plus every call admitted after the failover, is the budget. The count the
     replica held at the kill is read from it before its promotion: Redis replicates
     asynchronously, so what a failover can lose is what the master acknowledged and the replica
-    had not received (here at most the call in flight). The old master, restarted, comes back a
-    replica of the new one, and its own (older) AOF does not bring counts back."""
+    had not received (here at most the call in flight). The old master, restarted (or thawed),
+    comes back a replica of the new one, and its own data (its AOF) does not bring counts back."""
     budget = 300
     key = f"{{{OPS.counted_as}}}"
-    master = cluster.node_of(key)
+    master = cluster.serving(key)  # the second master at start; its old replica after a failover
+    assert master is not None and master is not cluster.serving(f"{{{BILLING.counted_as}}}")
     replica = cluster.replica_of(master)
-    assert master is not cluster.node_of(f"{{{BILLING.counted_as}}}")
-    assert cluster.serving(key) is master
     prefix = unique_prefix("hwtest-failover")
     budget_key = f"{prefix}:{key}:b:1"
     limits = {"budget": budget, "window_s": WINDOW_S}
@@ -75,7 +75,7 @@ async def test_a_master_killed_mid_run_fails_closed_until_its_replica_takes_over
                     with anyio.fail_after(20):
                         while ops.count("ok") < 5:
                             await anyio.sleep(0.005)
-                    await anyio.to_thread.run_sync(master.kill)
+                    await anyio.to_thread.run_sync(master.kill if how == "killed" else master.freeze)
                     killed_at = time.monotonic()
                     await anyio.sleep(0.2)  # the replica reads what was sent to it before the kill
                     value, role = await anyio.to_thread.run_sync(replica.read, budget_key)
@@ -85,9 +85,9 @@ async def test_a_master_killed_mid_run_fails_closed_until_its_replica_takes_over
                     promoted_at = time.monotonic()
                     assert promoted is replica
                     with anyio.fail_after(10):
-                        while not (served := [c for c in ops.between(killed_at) if c.outcome == "ok"]):
+                        while not (oks := [c for c in ops.between(killed_at) if c.outcome == "ok"]):
                             await anyio.sleep(0.005)
-                    served_again_at = served[0].started
+                    served_again_at = oks[0].started
                     with anyio.fail_after(10):
                         while len(ops.between(served_again_at)) < 5:
                             await anyio.sleep(0.005)
@@ -135,10 +135,13 @@ async def test_a_master_killed_mid_run_fails_closed_until_its_replica_takes_over
             finally:
                 if not master.running:
                     await anyio.to_thread.run_sync(cluster.restart, master)
+                elif how == "frozen":
+                    master.thaw()
             # The old master is back as a replica of the promoted one: it took the promoted one's
-            # count, not its own AOF's, and ops-bot's budget stays spent.
-            assert cluster.serving(key) is promoted
+            # count, not its own, and ops-bot's budget stays spent.
             await anyio.to_thread.run_sync(cluster.wait_replicating)
+            await anyio.to_thread.run_sync(cluster.wait_ok)
+            assert cluster.serving(key) is promoted
             value, role = await anyio.to_thread.run_sync(master.read, budget_key)
             assert role == "slave" and int(value or 0) == budget
             assert await call(ops_client) == "budget_exhausted"

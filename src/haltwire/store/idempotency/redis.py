@@ -30,7 +30,7 @@ from redis.commands.core import AsyncScript
 
 from haltwire.store.idempotency import CONFLICT, FRESH, IN_FLIGHT, Begun, IdempotencyUnavailable, Recorded
 from haltwire.store.lua import lua_script
-from haltwire.store.redis import MAX_CONNECTIONS, REDIS_ERRORS, RedisClient, ready, redis_client
+from haltwire.store.redis import MAX_CONNECTIONS, REDIS_ERRORS, RedisClient, failed, ready, redis_client
 from haltwire.store.retry import Retries
 
 log = logging.getLogger("haltwire.store")
@@ -84,6 +84,7 @@ class RedisIdempotency:
                 await ready(self._redis)
                 return await script(keys=keys, args=args)
         except REDIS_ERRORS as exc:  # (TimeoutError is an OSError)
+            failed(self._redis, keys, exc)
             raise IdempotencyUnavailable(str(exc) or type(exc).__name__) from exc
 
     async def begin(self, scope_key: str, fingerprint: str, now: float, ttl_s: float) -> Begun:
