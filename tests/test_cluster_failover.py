@@ -4,7 +4,8 @@ keys until its replica has taken over, then serves them again, with the same cli
 a restart; the other masters' keys are served throughout.
 
 Where the keys live (fixed by their names): acme/ops-bot@1.0 on the second master,
-acme/billing-bot@2.0 on the first.
+acme/billing-bot@2.0 on the first, the tenant acme/* on the third (at start: a failover moves
+them to its replica).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import anyio
 import pytest
 
 from cluster_harness import DOWN, CallStream, call, counters
-from haltwire.identity import Identity
+from haltwire.identity import Identity, tenant_counted_as
+from haltwire.store.counters import BudgetCounter, CountersUnavailable, SlotCounter, Tally
+from haltwire.store.counters.redis import RedisCounters
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
 from redis_cluster import NODE_TIMEOUT_MS, RedisClusterProcesses, redis_cluster
 from redis_process import unique_prefix
@@ -26,6 +29,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 
 OPS = Identity("ops-bot", "acme", "1.0")
 BILLING = Identity("billing-bot", "acme", "2.0")
+TENANT = tenant_counted_as("acme")
 #: The counters' deadline: an admission, wait included, takes no longer (then it is refused).
 TIMEOUT_S = 0.5
 #: The budget's window: one for the whole test (its key ends ``:b:1``).
@@ -146,3 +150,92 @@ async def test_a_master_lost_mid_run_fails_closed_until_its_replica_takes_over_t
             assert role == "slave" and int(value or 0) == budget
             assert await call(ops_client) == "budget_exhausted"
             assert await call(billing_client) == "ok"
+
+
+async def test_an_admission_whose_tenant_is_on_a_lost_master_gives_back_its_identitys_part(
+    cluster: RedisClusterProcesses,
+) -> None:
+    """An admission in two parts (ops-bot's budget and slot, then its tenant's rate on another
+    master). The tenant's master is killed: each admission is refused (``CountersUnavailable``)
+    within the deadline, and what its first part took on ops-bot's master is given back. After
+    the failover the same store admits again: the tenant's count is the replica's plus the new
+    call, ops-bot's only what was admitted."""
+    store = RedisCounters(
+        cluster.urls, prefix=unique_prefix("hwtest-failover"), timeout_s=TIMEOUT_S, cluster=True
+    )
+    c = OPS.counted_as
+    budget = BudgetCounter(f"{c}:b", 1, 100, 1e12)
+    slot = SlotCounter(f"{c}:f", 100)
+    rate = Tally(f"{TENANT}:rate:1", 1, 100, 600)
+    tenant_master = cluster.serving(f"{{{TENANT}}}")
+    assert tenant_master is not None and tenant_master is not cluster.serving(f"{{{c}}}")
+    raw = cluster.client()
+    try:
+        assert (await store.admit([budget], [slot], "s0", 1000.0, [rate])).tallied == (1,)
+        await anyio.to_thread.run_sync(cluster.wait_replicating)  # the replica has the tenant's 1
+        await anyio.to_thread.run_sync(tenant_master.kill)
+        refused = 0
+        failover = anyio.to_thread.run_sync(cluster.wait_failed_over, f"{{{TENANT}}}", tenant_master)
+        async with anyio.create_task_group() as tg:
+            done = anyio.Event()
+
+            async def wait_failover() -> None:
+                await failover
+                done.set()
+
+            tg.start_soon(wait_failover)
+            while not done.is_set():
+                started = anyio.current_time()
+                with pytest.raises(CountersUnavailable):
+                    await store.admit([budget], [slot], f"r{refused}", 1000.0, [rate])
+                assert anyio.current_time() - started < TIMEOUT_S + 0.5
+                refused += 1
+                await anyio.sleep(0.05)
+        assert refused >= 5
+        assert int(raw.get(f"{store._prefix}:{{{c}}}:b:1") or 0) == 1, "each refused call's budget given back"
+        assert raw.zrange(f"{store._prefix}:{{{c}}}:f", 0, -1) == [b"s0"], "and its slot"
+        with anyio.fail_after(5):
+            while True:
+                try:
+                    decision = await store.admit([budget], [slot], "s1", 1000.0, [rate])
+                    break
+                except CountersUnavailable:  # the slots mapped again (in the background)
+                    await anyio.sleep(0.05)
+        assert decision.admitted and decision.tallied == (2,), "the replica's count, plus this call"
+        assert int(raw.get(f"{store._prefix}:{{{c}}}:b:1") or 0) == 2
+    finally:
+        raw.close()
+        await store.aclose()
+        if not tenant_master.running:
+            await anyio.to_thread.run_sync(cluster.restart, tenant_master)
+
+
+async def test_scripts_a_node_lacks_are_given_to_it_while_another_master_is_down(
+    cluster: RedisClusterProcesses,
+) -> None:
+    """No node has the stores' scripts (a new cluster, or a replica just promoted) and a master is
+    down: the identities whose keys live on the other masters are served all the same (each script
+    goes to the node its keys name, not to every master), the lost master's refused."""
+    lost = cluster.serving(f"{{{OPS.counted_as}}}")
+    assert lost is not None and lost is not cluster.serving(f"{{{BILLING.counted_as}}}")
+    for node in cluster.nodes:
+        if node.answering:
+            c = node.client()
+            try:
+                c.script_flush()
+            finally:
+                c.close()
+    await anyio.to_thread.run_sync(lost.kill)
+    store = RedisCounters(
+        cluster.urls, prefix=unique_prefix("hwtest-failover"), timeout_s=TIMEOUT_S, cluster=True
+    )
+    try:
+        billing = BudgetCounter(f"{BILLING.counted_as}:b", 1, 10, 1e12)
+        assert (await store.admit([billing], [], "", 1000.0)).admitted
+        with pytest.raises(CountersUnavailable):
+            await store.admit([BudgetCounter(f"{OPS.counted_as}:b", 1, 10, 1e12)], [], "", 1000.0)
+        assert (await store.admit([billing], [], "", 1000.0)).admitted
+    finally:
+        await store.aclose()
+        await anyio.to_thread.run_sync(cluster.wait_failed_over, f"{{{OPS.counted_as}}}", lost)
+        await anyio.to_thread.run_sync(cluster.restart, lost)

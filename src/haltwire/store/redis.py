@@ -15,13 +15,16 @@ Redis Cluster (``cluster``): redis-py's cluster client, which keeps a pool per m
 ``max_connections`` and raises past it instead of waiting (sized as above, a gateway never gets
 there). It follows MOVED and ASK replies (a script that was redirected never ran) within the
 stores' deadline, and never retries a command that may have run: a connection error, a timeout
-or CLUSTERDOWN raises, and the store fails closed.
+or CLUSTERDOWN raises, and the store fails closed. After a failure its map of the slots is made
+again in the background (``Cluster``), so once a replica has taken over a lost master's slots the
+next calls go to it; and a script a node lacks is given to that node only (``Script``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import math
 from collections.abc import Sequence
@@ -35,6 +38,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import (
     ClusterDownError,
     MasterDownError,
+    NoScriptError,
     RedisClusterException,
     RedisError,
     ResponseError,
@@ -100,6 +104,26 @@ def redis_client(
     return aioredis.Redis.from_pool(pool)
 
 
+class Script:
+    """A Lua script, run by its SHA1 (``EVALSHA``) and, on a node that lacks it (``NOSCRIPT``: it
+    did not run), by its text (``EVAL``, which leaves it cached there): always on the node its
+    keys name. redis-py's ``register_script`` loads a missing script with ``SCRIPT LOAD``, which a
+    cluster client sends to every master: while one was down, a script lacking elsewhere (a
+    replica just promoted, a restarted master, a cache flushed) could not be given to any node,
+    and every call needing it was refused, on the masters that were up too."""
+
+    def __init__(self, client: RedisClient, text: str) -> None:
+        self._client: Any = client  # (redis-py types its commands for sync and async clients at once)
+        self._text = text
+        self.sha = hashlib.sha1(text.encode()).hexdigest()
+
+    async def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            return await self._client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await self._client.eval(self._text, len(keys), *keys, *args)
+
+
 async def ready(client: RedisClient) -> None:
     """Before a command: a cluster client maps the slots first (redis-py sends the first command
     of a client without a map to any node, and five MOVED replies at once make it close every
@@ -108,11 +132,15 @@ async def ready(client: RedisClient) -> None:
         await client.initialize()
 
 
+#: Replies that say something of the cluster's state, not of the script.
+_CLUSTER_STATE = (ClusterDownError, MasterDownError, TryAgainError)
+
+
 def failed(client: RedisClient, keys: Sequence[str], exc: BaseException) -> None:
     """After a command on ``keys`` failed (``exc``: an error, or no answer within the deadline):
     on a cluster, map the slots again in the background (``Cluster``). A script's own error
     (a reply: the node answered) is no reason to."""
-    if isinstance(exc, ResponseError) and not isinstance(exc, (ClusterDownError, MasterDownError, TryAgainError)):
+    if isinstance(exc, ResponseError) and not isinstance(exc, _CLUSTER_STATE):
         return
     if isinstance(client, Cluster):
         client.remap(keys[0] if keys else None)
