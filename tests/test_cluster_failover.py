@@ -1,7 +1,10 @@
-"""A master of a Redis Cluster with replicas killed mid-run (``redis_cluster(replicas=1)``: three
-masters, a replica of each, all on loopback): the gateway fails closed on the killed master's
-keys until its replica has taken over, then serves them again, with the same client, without
-a restart; the other masters' keys are served throughout.
+"""A master of a Redis Cluster with replicas lost mid-run (``redis_cluster(replicas=1)``: three
+masters, a replica of each, all on loopback, failed over after ``NODE_TIMEOUT_MS``): the gateway
+fails closed on the lost master's keys until its replica has taken over, then serves them
+again, with the same client, without a restart; the other masters' keys are served throughout.
+A master is lost by a crash (SIGKILL: its connections reset) or a hang (SIGSTOP: its connections
+open and silent, every call on it cut off by the counters' deadline). Each test leaves the
+cluster whole again (the lost master restarted or thawed: a replica of its successor).
 
 Where the keys live (fixed by their names): acme/ops-bot@1.0 on the second master,
 acme/billing-bot@2.0 on the first, the tenant acme/* on the third (at start: a failover moves
@@ -47,9 +50,10 @@ async def test_a_master_lost_mid_run_fails_closed_until_its_replica_takes_over_t
     cluster: RedisClusterProcesses, how: str
 ) -> None:
     """Two streams of calls through one gateway, ops-bot's and billing-bot's (each on its own
-    master). ops-bot's master is killed (SIGKILL) mid-run. Until its replica is promoted, every
-    ops-bot call is refused ``counters_unavailable`` (retryable) within the counters' deadline
-    and none reaches the upstream; billing-bot is served throughout. Once the replica has taken
+    master). ops-bot's master is lost mid-run: killed (SIGKILL) or frozen (SIGSTOP; "the kill"
+    below either way). Until its replica is promoted, every ops-bot call is refused
+    ``counters_unavailable`` (retryable) within the counters' deadline and none reaches the
+    upstream; billing-bot is served throughout. Once the replica has taken
     over, the same gateway serves ops-bot again, up to its budget and not past it: the promoted
     replica's count, plus every call admitted after the failover, is the budget. The count the
     replica held at the kill is read from it before its promotion: Redis replicates
@@ -133,7 +137,6 @@ async def test_a_master_lost_mid_run_fails_closed_until_its_replica_takes_over_t
                     f"after the failover: {ok_after} admitted on top of the replica's {at_kill} for {budget}"
                 )
                 assert lost <= 1, f"the failover lost {lost} counts acknowledged before the kill"
-                assert ok_before + ok_after <= budget + max(0, lost), "past the budget by more than was lost"
                 value, role = await anyio.to_thread.run_sync(promoted.read, budget_key)
                 assert role == "master" and int(value or 0) == budget
             finally:
@@ -175,14 +178,13 @@ async def test_an_admission_whose_tenant_is_on_a_lost_master_gives_back_its_iden
         await anyio.to_thread.run_sync(cluster.wait_replicating)  # the replica has the tenant's 1
         await anyio.to_thread.run_sync(tenant_master.kill)
         refused = 0
-        failover = anyio.to_thread.run_sync(cluster.wait_failed_over, f"{{{TENANT}}}", tenant_master)
+        done = anyio.Event()
+
+        async def wait_failover() -> None:
+            await anyio.to_thread.run_sync(cluster.wait_failed_over, f"{{{TENANT}}}", tenant_master)
+            done.set()
+
         async with anyio.create_task_group() as tg:
-            done = anyio.Event()
-
-            async def wait_failover() -> None:
-                await failover
-                done.set()
-
             tg.start_soon(wait_failover)
             while not done.is_set():
                 started = anyio.current_time()
