@@ -128,7 +128,11 @@ class ClusterNode:
         """``key``'s value on this node, a replica too (``READONLY``), and the node's role after
         the read ("master" or "slave"): a replica's value read while it was one."""
         c = cast(Any, redis.Redis)(
-            host="127.0.0.1", port=self.port, socket_timeout=2, socket_connect_timeout=2, single_connection_client=True
+            host="127.0.0.1",
+            port=self.port,
+            socket_timeout=2,
+            socket_connect_timeout=2,
+            single_connection_client=True,
         )
         try:
             c.execute_command("READONLY")
@@ -157,7 +161,9 @@ class RedisClusterProcesses:
             service_missing("redis-server (the binary)")
         assert binary is not None
         count = masters * (1 + replicas)
-        self.nodes = [ClusterNode(binary, workdir / f"node-{i}", free_port(), free_port()) for i in range(count)]
+        self.nodes = [
+            ClusterNode(binary, workdir / f"node-{i}", free_port(), free_port()) for i in range(count)
+        ]
         self.masters = self.nodes[:masters]
         #: Each replica, with the master it was started to follow.
         self.replicas = [(node, self.masters[i % masters]) for i, node in enumerate(self.nodes[masters:])]

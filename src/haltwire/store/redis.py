@@ -115,7 +115,7 @@ class Script:
     def __init__(self, client: RedisClient, text: str) -> None:
         self._client: Any = client  # (redis-py types its commands for sync and async clients at once)
         self._text = text
-        self.sha = hashlib.sha1(text.encode()).hexdigest()
+        self.sha = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
 
     async def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:
@@ -215,8 +215,7 @@ class Cluster(RedisCluster):
     async def aclose(self) -> None:
         if self._remapping is not None:
             self._remapping.cancel()
-            with contextlib.suppress(BaseException):
-                await self._remapping
+            await asyncio.gather(self._remapping, return_exceptions=True)  # its end, not its error
         await super().aclose()
 
 
