@@ -11,18 +11,16 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
 
 import anyio
 import pytest
 from mcp import Client
-from mcp.shared.exceptions import MCPError
 
+from cluster_harness import DOWN, call, counters
 from gateway_processes import TOKEN, Processes, budget_key, spawn_gateways, spawn_upstream, wait_ready
 from haltwire.identity import Identity
-from haltwire.meta import LEASE_META
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
-from leases_harness import LEASES, mint
+from leases_harness import LEASES
 from redis_cluster import RedisClusterProcesses, redis_cluster
 from redis_process import unique_prefix
 
@@ -36,25 +34,6 @@ BILLING = Identity("billing-bot", "acme", "2.0")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcesses]:
     with redis_cluster(tmp_path_factory.mktemp("cluster")) as c:
         yield c
-
-
-def counters(cluster: RedisClusterProcesses, prefix: str) -> dict[str, Any]:
-    return {"backend": "redis", "cluster": True, "url": cluster.urls, "prefix": prefix, "timeout_s": 5.0}
-
-
-async def call(client: Client, agent: str | None = None, run: str = "run-1", tool: str = "lookup_order") -> str:
-    """"ok", or the refusal's code (with ``:retryable`` when it says so), or "error"."""
-    meta = {LEASE_META: mint(run, agent)} if agent is not None else None
-    try:
-        result = await client.call_tool(tool, {"order_id": "o-1"}, meta=meta)  # type: ignore[arg-type]
-    except MCPError:  # the upstream's JSON-RPC error, passed on
-        return "error"
-    if not result.is_error:
-        return "ok"
-    error = (result.structured_content or {}).get("error")
-    if error is None:
-        return "error"
-    return f"{error['code']}:retryable" if error.get("retryable") else str(error["code"])
 
 
 @pytest.mark.slow
@@ -156,7 +135,6 @@ async def test_a_master_killed_mid_run_refuses_its_identities_serves_the_others_
     node = cluster.node_of(f"{{{OPS.counted_as}}}")
     assert node is not cluster.node_of(f"{{{BILLING.counted_as}}}")
     prefix = unique_prefix("hwtest-cluster")
-    down = "counters_unavailable:retryable"
     async with running_upstream() as (demo, up):
         data = config_dict(up, limits={"budget": budget}, counters={**counters(cluster, prefix), "timeout_s": 0.5})
         async with (
@@ -188,9 +166,9 @@ async def test_a_master_killed_mid_run_refuses_its_identities_serves_the_others_
                     stop.set()
                 ops_after = [o for t, o in log["ops"] if t > killed_at]
                 billing_after = [o for t, o in log["billing"] if t > killed_at]
-                assert ops_after and set(ops_after) == {down}, Counter(ops_after)
+                assert ops_after and set(ops_after) == {DOWN}, Counter(ops_after)
                 assert set(billing_after) == {"ok"}, Counter(billing_after)
-                assert [await call(ops) for _ in range(3)] == [down] * 3
+                assert [await call(ops) for _ in range(3)] == [DOWN] * 3
                 oks = sum(o == "ok" for name in log for _, o in log[name])
                 assert demo.served["lookup_order"] == oks, "every call served was answered ok, and no other"
             finally:
@@ -200,9 +178,9 @@ async def test_a_master_killed_mid_run_refuses_its_identities_serves_the_others_
             with anyio.fail_after(20):
                 while not after or after[-1] != "budget_exhausted":
                     after.append(await call(ops))
-                    if after[-1] == down:
+                    if after[-1] == DOWN:
                         await anyio.sleep(0.1)  # the master takes up its slots again
-            assert set(after) <= {"ok", down, "budget_exhausted"}, after
+            assert set(after) <= {"ok", DOWN, "budget_exhausted"}, after
             assert "ok" in after, "served again"
             ok = before_restart.count("ok") + after.count("ok")
             assert budget - 1 <= ok <= budget, f"{ok} served for a budget of {budget}, across the kill"

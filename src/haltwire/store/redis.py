@@ -15,21 +15,37 @@ Redis Cluster (``cluster``): redis-py's cluster client, which keeps a pool per m
 ``max_connections`` and raises past it instead of waiting (sized as above, a gateway never gets
 there). It follows MOVED and ASK replies (a script that was redirected never ran) within the
 stores' deadline, and never retries a command that may have run: a connection error, a timeout
-or CLUSTERDOWN raises, and the store fails closed.
+or CLUSTERDOWN raises, and the store fails closed. After a failure its map of the slots is made
+again in the background (``Cluster``), so once a replica has taken over a lost master's slots the
+next calls go to it; and a script a node lacks is given to that node only (``Script``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hashlib
+import logging
+import math
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
-from redis._parsers import AsyncCommandsParser
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import (
+    ClusterDownError,
+    MasterDownError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
+
+log = logging.getLogger("haltwire.store")
 
 #: What the stores talk to: one Redis server, or a cluster.
 RedisClient: TypeAlias = aioredis.Redis | RedisCluster
@@ -88,6 +104,26 @@ def redis_client(
     return aioredis.Redis.from_pool(pool)
 
 
+class Script:
+    """A Lua script, run by its SHA1 (``EVALSHA``) and, on a node that lacks it (``NOSCRIPT``: it
+    did not run), by its text (``EVAL``, which leaves it cached there): always on the node its
+    keys name. redis-py's ``register_script`` loads a missing script with ``SCRIPT LOAD``, which a
+    cluster client sends to every master: while one was down, a script lacking elsewhere (a
+    replica just promoted, a restarted master, a cache flushed) could not be given to any node,
+    and every call needing it was refused, on the masters that were up too."""
+
+    def __init__(self, client: RedisClient, text: str) -> None:
+        self._client: Any = client  # (redis-py types its commands for sync and async clients at once)
+        self._text = text
+        self.sha = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
+
+    async def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            return await self._client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await self._client.eval(self._text, len(keys), *keys, *args)
+
+
 async def ready(client: RedisClient) -> None:
     """Before a command: a cluster client maps the slots first (redis-py sends the first command
     of a client without a map to any node, and five MOVED replies at once make it close every
@@ -96,18 +132,91 @@ async def ready(client: RedisClient) -> None:
         await client.initialize()
 
 
-class _CommandTableOnce(AsyncCommandsParser):
-    """redis-py's table of commands, fetched (``COMMAND``) once, not on every new map of the slots.
+#: Replies that say something of the cluster's state, not of the script.
+_CLUSTER_STATE = (ClusterDownError, MasterDownError, TryAgainError)
 
-    The client maps the slots again after every connection error, and every other command waits
-    for it: while a master is down, each refused call of its keys made the others wait for a
-    ``COMMAND`` reply of hundreds of entries (0.05 to 0.15 s here), past their deadlines."""
 
-    async def initialize(self, node: ClusterNode | None = None) -> None:
-        if node is not None:
-            self.node = node
-        if not getattr(self, "commands", None):
-            await super().initialize(node)
+def failed(client: RedisClient, keys: Sequence[str], exc: BaseException) -> None:
+    """After a command on ``keys`` failed (``exc``: an error, or no answer within the deadline):
+    on a cluster, map the slots again in the background (``Cluster``). A script's own error
+    (a reply: the node answered) is no reason to."""
+    if isinstance(exc, ResponseError) and not isinstance(exc, _CLUSTER_STATE):
+        return
+    if isinstance(client, Cluster):
+        client.remap(keys[0] if keys else None)
+
+
+#: The least time between two maps of the slots made after failures: each one makes every pooled
+#: connection reconnect on its next use.
+REMAP_EVERY_S = 0.5
+
+
+class Cluster(RedisCluster):
+    """redis-py's cluster client, whose map of the slots, once made, is made again off every
+    call's path, in a background task.
+
+    redis-py makes a new map after a connection error, inline: the next command waits for it, and
+    the commands behind it wait on its lock. It asks the nodes in a random order, so a node that
+    hangs (a host gone without a reset) holds that command to its socket timeout, past the stores'
+    deadline; and a map cut off by a deadline closes every connection, the calls' on other masters
+    included. Worse, a command cut off by the stores' deadline (a master that hangs) tells redis-py
+    nothing: it never maps again, and after a failover it sends the lost master's keys to it
+    forever, every call of them refused until the old master is back.
+
+    Here, once a first map is made (inline, within the first command's deadline, as before), a
+    new one is asked for by redis-py (after a connection error) or by the stores (``failed``, after
+    any failure, a deadline's included), and made in one background task at a time, at most every
+    ``REMAP_EVERY_S``, the node that failed asked last. Meanwhile commands go on with the map they
+    have: a lost master's keys are refused (fail closed), the others served; the new map serves the
+    next command. It asks every node in turn, each within the socket timeout.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._mapped = False
+        self._remapping: asyncio.Task[None] | None = None
+        self._remapped_at = -math.inf
+
+    async def initialize(
+        self,
+        additional_startup_nodes_info: list[tuple[str, int]] | None = None,
+        last_failed_node_name: str | None = None,
+    ) -> RedisCluster:
+        if not self._mapped:
+            await super().initialize(additional_startup_nodes_info, last_failed_node_name)
+            self._mapped = True
+        elif self._initialize:  # redis-py asks for a new map: made in the background
+            self._initialize = False
+            self._remap(last_failed_node_name)
+        return self
+
+    def remap(self, key: str | None) -> None:
+        """A command on ``key`` failed: map the slots again, its node asked last."""
+        node: str | None = None
+        if key is not None:
+            with contextlib.suppress(RedisClusterException):  # its slot is not mapped
+                node = self.nodes_manager.get_node_from_slot(self.keyslot(key)).name
+        self._remap(node)
+
+    def _remap(self, failed_node: str | None) -> None:
+        if self._mapped and (self._remapping is None or self._remapping.done()):
+            self._remapping = asyncio.get_running_loop().create_task(self._map_again(failed_node))
+
+    async def _map_again(self, failed_node: str | None) -> None:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(max(0.0, self._remapped_at + REMAP_EVERY_S - loop.time()))
+        try:
+            await self.nodes_manager.initialize(last_failed_node_name=failed_node)
+        except Exception as exc:  # no node answered: the next failure asks again
+            log.warning("could not map the Redis Cluster's slots again (%s)", exc)
+        finally:
+            self._remapped_at = loop.time()
+
+    async def aclose(self) -> None:
+        if self._remapping is not None:
+            self._remapping.cancel()
+            await asyncio.gather(self._remapping, return_exceptions=True)  # its end, not its error
+        await super().aclose()
 
 
 def cluster_client(urls: Sequence[str], *, timeout_s: float, max_connections: int) -> RedisCluster:
@@ -121,7 +230,7 @@ def cluster_client(urls: Sequence[str], *, timeout_s: float, max_connections: in
         if parts.path not in ("", "/", "/0"):
             raise ValueError(f"{u!r} names a database: a Redis Cluster has only database 0")
         nodes.append(ClusterNode(parts.hostname, parts.port or 6379))
-    client = RedisCluster.from_url(
+    client = Cluster.from_url(
         urls[0],
         startup_nodes=nodes,
         require_full_coverage=False,
@@ -134,5 +243,4 @@ def cluster_client(urls: Sequence[str], *, timeout_s: float, max_connections: in
         retry=Retry(NoBackoff(), 0),
         **no_maintenance_notifications(),
     )
-    client.commands_parser = _CommandTableOnce()
     return client

@@ -47,7 +47,15 @@ from haltwire.store.counters import (
 )
 from haltwire.store.counters.parts import Part, count_before, parts, refund_args
 from haltwire.store.lua import lua_script
-from haltwire.store.redis import MAX_CONNECTIONS, REDIS_ERRORS, RedisClient, ready, redis_client
+from haltwire.store.redis import (
+    MAX_CONNECTIONS,
+    REDIS_ERRORS,
+    RedisClient,
+    Script,
+    failed,
+    ready,
+    redis_client,
+)
 from haltwire.store.retry import Retries
 
 log = logging.getLogger("haltwire.store")
@@ -88,9 +96,9 @@ class RedisCounters:
         )
         #: One script per owner (see ``parts``), not one for the whole admission.
         self.split = isinstance(self._redis, RedisCluster)
-        self._admit = self._redis.register_script(_ADMIT)
-        self._release = self._redis.register_script(_RELEASE)
-        self._refund = self._redis.register_script(_REFUND)
+        self._admit = Script(self._redis, _ADMIT)
+        self._release = Script(self._redis, _RELEASE)
+        self._refund = Script(self._redis, _REFUND)
         #: Releases that failed, retried until done or until their slots have expired.
         self.releases = Retries("slot release")
         #: Round trips made, for the benchmark's "round trips per call" figure.
@@ -153,6 +161,7 @@ class RedisCounters:
                 await ready(self._redis)
                 kind, index, *rest = await self._admit(keys=keys, args=args)
         except REDIS_ERRORS as exc:  # (TimeoutError is an OSError)
+            failed(self._redis, keys, exc)
             raise _unavailable(exc) from exc
         n = len(tallies)
         raws = [r.decode() if isinstance(r, bytes) else str(r) for r in rest[n:]]
@@ -219,6 +228,7 @@ class RedisCounters:
                     await ready(self._redis)
                     await self._refund(keys=keys, args=args)
             except REDIS_ERRORS as exc:
+                failed(self._redis, keys, exc)
                 log.warning("could not give back the counts of a refused admission (%s)", exc)
                 if slot_keys:
                     self._retry(slot_keys, slot_id, str(exc) or type(exc).__name__)
@@ -254,6 +264,7 @@ class RedisCounters:
                 await ready(self._redis)
                 await self._release(keys=keys, args=[slot_id])
         except REDIS_ERRORS as exc:
+            failed(self._redis, keys, exc)
             return str(exc) or type(exc).__name__
         return None
 

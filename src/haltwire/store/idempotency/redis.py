@@ -26,11 +26,18 @@ from typing import Any
 
 import anyio
 import anyio.abc
-from redis.commands.core import AsyncScript
 
 from haltwire.store.idempotency import CONFLICT, FRESH, IN_FLIGHT, Begun, IdempotencyUnavailable, Recorded
 from haltwire.store.lua import lua_script
-from haltwire.store.redis import MAX_CONNECTIONS, REDIS_ERRORS, RedisClient, ready, redis_client
+from haltwire.store.redis import (
+    MAX_CONNECTIONS,
+    REDIS_ERRORS,
+    RedisClient,
+    Script,
+    failed,
+    ready,
+    redis_client,
+)
 from haltwire.store.retry import Retries
 
 log = logging.getLogger("haltwire.store")
@@ -64,9 +71,9 @@ class RedisIdempotency:
         )
         #: Outcomes that could not be recorded at once, retried.
         self.completions = Retries("outcome record")
-        self._begin = self._redis.register_script(_BEGIN)
-        self._complete = self._redis.register_script(_COMPLETE)
-        self._release = self._redis.register_script(_RELEASE)
+        self._begin = Script(self._redis, _BEGIN)
+        self._complete = Script(self._redis, _COMPLETE)
+        self._release = Script(self._redis, _RELEASE)
 
     def _key(self, scope_key: str) -> str:
         # scope_key is AGENT:DIGEST (the digest has no colon); the agent is a hash tag, as in
@@ -78,12 +85,13 @@ class RedisIdempotency:
         """Start retrying failed ``complete`` calls in ``tg``, which owns the task until it ends."""
         await tg.start(self.completions.run)
 
-    async def _run(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+    async def _run(self, script: Script, keys: list[str], args: list[Any]) -> Any:
         try:
             with anyio.fail_after(self._timeout_s):
                 await ready(self._redis)
                 return await script(keys=keys, args=args)
         except REDIS_ERRORS as exc:  # (TimeoutError is an OSError)
+            failed(self._redis, keys, exc)
             raise IdempotencyUnavailable(str(exc) or type(exc).__name__) from exc
 
     async def begin(self, scope_key: str, fingerprint: str, now: float, ttl_s: float) -> Begun:
