@@ -150,7 +150,7 @@ async def _check_one(plane: Plane, caller: Caller, intent_id: str, revision: int
     (``stopped``: cancelled here; ``LimitReached`` for the caller to check it alone)."""
     store = plane.open.intents
     try:
-        intent = await store.get(intent_id)
+        intent = await store.get_locked(intent_id)  # read once: ``store.check`` takes it as read
         if intent is None:
             raise intents.unknown(intent_id)
         stopped = intents.cancelled_before_check(intent, caller)
@@ -167,7 +167,7 @@ async def _check_one(plane: Plane, caller: Caller, intent_id: str, revision: int
             limit = plane.config.intent_limit(intent.tool)
         else:
             revision, limit = intent.checked_revision, None  # a repeated check answers the first
-        checked = await store.check(intent_id, caller.name, revision, time.time(), limit)
+        checked = await store.check(intent_id, caller.name, revision, time.time(), limit, current=intent)
     except UnknownIntent:
         raise intents.unknown(intent_id) from None
     except IntentStateError as exc:

@@ -31,6 +31,8 @@ log = logging.getLogger("haltwire.store")
 
 #: How long a connection waits for another process's write lock before failing.
 BUSY_TIMEOUT_S: Final = 10.0
+#: How many query texts a connection keeps bound (``_SqliteTx.all``).
+TEXTS_KEPT: Final = 512
 #: The files of one database: SQLite names its sidecars after it (WAL, shared memory, rollback journal).
 SIDECARS: Final = ("-wal", "-shm", "-journal")
 
@@ -80,12 +82,18 @@ class _SqliteTx(Tx):
         self._conn = conn
         self._tables = tables
         self._names = _names(tables)
+        #: Each query's text with the names bound: a statement of every write costs it otherwise.
+        self._texts: dict[str, str] = {}
 
         #: Inside a write transaction: statements run on the event loop's thread (see ``write``).
         self.inline = False
 
     async def all(self, query: str, params: Params = ()) -> list[Row]:
-        text = query.format(**self._names)
+        text = self._texts.get(query)
+        if text is None:
+            if len(self._texts) >= TEXTS_KEPT:  # queries built per call (IN lists) pass through
+                self._texts.clear()
+            text = self._texts[query] = query.format(**self._names)
         try:
             if self.inline:
                 return self._conn.execute(text, params).fetchall()
