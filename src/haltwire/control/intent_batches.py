@@ -13,7 +13,10 @@ held), so the audit chain, the run reports and the crash rules read as before:
   (``invalid_transition``) and they are never performed. An intent whose run reaches a per-run
   limit (``[[intent_limits]]``) is checked alone after the batch commits, by ``intents.check``,
   which writes the limit's stop in a transaction of its own;
-- ``settle_batch``: each outcome recorded, as ``intents.decide`` records a commit or a fail.
+- ``settle_batch``: each outcome recorded, as ``intents.decide`` records a commit or a fail;
+- ``turn_batch``: an executor's turn, all three in one transaction: the outcomes of the calls
+  its workers made, then the next intents claimed and checked for workers that perform them at
+  once (one request and one write per turn instead of three).
 
 A refusal of one intent (unknown, not this executor's, a state that does not allow it) is that
 intent's answer, audited in the same transaction; the others go on. A store failure rolls the
@@ -48,7 +51,12 @@ class Answer:
     def json(self) -> dict[str, Any]:
         if self.refused is None:
             assert self.intent is not None
-            return {"intent_id": self.intent_id, "status": 200, "intent": intent_fields(self.intent), "error": None}
+            return {
+                "intent_id": self.intent_id,
+                "status": 200,
+                "intent": intent_fields(self.intent),
+                "error": None,
+            }
         error = self.refused.error()
         return {"intent_id": self.intent_id, "status": self.refused.status, "intent": None, "error": error}
 
@@ -83,21 +91,52 @@ async def claim_batch(plane: Plane, caller: Caller, limit: int) -> list[Intent]:
 async def check_batch(plane: Plane, caller: Caller, intent_ids: list[str]) -> list[Answer]:
     """The final checks of ``intent_ids``, in that order (the module's docstring)."""
     revision = (await plane.catch_up()).stops.revision
+    async with plane.transaction():
+        answers, limited = await _checks(plane, caller, intent_ids, revision)
+    return await _checked_alone(plane, caller, intent_ids, answers, limited)
+
+
+async def turn_batch(
+    plane: Plane, caller: Caller, outcomes: list[Outcome], limit: int
+) -> tuple[list[Answer], list[Answer]]:
+    """An executor's turn in one transaction: ``outcomes`` settled (as ``settle_batch``), then up
+    to ``limit`` pending intents claimed (as ``claim_batch``) and checked (as ``check_batch``),
+    each with its own audit records. A claimed intent is checked in the same write as its claim,
+    for workers that perform it as soon as the answer comes: as close to the call as a check
+    of its own. Answers the outcomes' answers and the claimed intents', oldest first."""
+    async with plane.transaction():
+        # Caught up inside: it writes no stop, and on SQLite no stop commits until it ends.
+        revision = (await plane.catch_up()).stops.revision
+        settled = await settle_batch(plane, caller, outcomes) if outcomes else []
+        claimed = await claim_batch(plane, caller, limit) if limit else []
+        ids = [intent.intent_id for intent in claimed]
+        answers, limited = await _checks(plane, caller, ids, revision)
+    return settled, await _checked_alone(plane, caller, ids, answers, limited)
+
+
+async def _checks(
+    plane: Plane, caller: Caller, intent_ids: list[str], revision: int
+) -> tuple[dict[str, Answer], list[str]]:
+    """Each intent's check inside the caller's transaction, and those a per-run limit holds."""
     answers: dict[str, Answer] = {}
     limited: list[str] = []
     n = len(intent_ids)
-    async with plane.transaction():
-        for intent_id in intent_ids:
-            try:
-                answers[intent_id] = Answer(
-                    intent_id, await _check_one(plane, caller, intent_id, revision, n)
-                )
-            except LimitReached:
-                limited.append(intent_id)
-            except Refused as exc:
-                answers[intent_id] = Answer(
-                    intent_id, refused=await plane.refuse(caller, "intent.check", intent_id, exc)
-                )
+    for intent_id in intent_ids:
+        try:
+            answers[intent_id] = Answer(intent_id, await _check_one(plane, caller, intent_id, revision, n))
+        except LimitReached:
+            limited.append(intent_id)
+        except Refused as exc:
+            answers[intent_id] = Answer(
+                intent_id, refused=await plane.refuse(caller, "intent.check", intent_id, exc)
+            )
+    return answers, limited
+
+
+async def _checked_alone(
+    plane: Plane, caller: Caller, intent_ids: list[str], answers: dict[str, Answer], limited: list[str]
+) -> list[Answer]:
+    """The answers in ``intent_ids``' order, the limited ones checked after the batch committed."""
     for intent_id in limited:  # the limit's stop is written in a transaction of its own
         try:
             answers[intent_id] = Answer(intent_id, await intents.check(plane, caller, intent_id))
@@ -111,7 +150,7 @@ async def _check_one(plane: Plane, caller: Caller, intent_id: str, revision: int
     (``stopped``: cancelled here; ``LimitReached`` for the caller to check it alone)."""
     store = plane.open.intents
     try:
-        intent = await store.get(intent_id)
+        intent = await store.get_locked(intent_id)  # read once: ``store.check`` takes it as read
         if intent is None:
             raise intents.unknown(intent_id)
         stopped = intents.cancelled_before_check(intent, caller)
@@ -128,7 +167,7 @@ async def _check_one(plane: Plane, caller: Caller, intent_id: str, revision: int
             limit = plane.config.intent_limit(intent.tool)
         else:
             revision, limit = intent.checked_revision, None  # a repeated check answers the first
-        checked = await store.check(intent_id, caller.name, revision, time.time(), limit)
+        checked = await store.check(intent_id, caller.name, revision, time.time(), limit, current=intent)
     except UnknownIntent:
         raise intents.unknown(intent_id) from None
     except IntentStateError as exc:

@@ -43,6 +43,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from haltwire.demo.shop_fast import FastRoute
 from haltwire.store.sqlite import private_file
 
 #: ``_meta`` key of the idempotency key on a call (the gateway's and the executor's contract).
@@ -207,31 +208,42 @@ class Ledger:
 
         Raises ``Conflict`` when the key was used with other arguments.
         """
+        (done,) = self.apply_many([(key, order_id, amount_cents)])
+        if isinstance(done, Conflict):
+            raise done
+        return done
+
+    def apply_many(self, refunds: list[tuple[str, str, int]]) -> list[dict[str, Any] | Conflict]:
+        """``apply`` for each ``(key, order_id, amount_cents)``, in order, in one transaction
+        (one sync of the file for all of them); a reused key's ``Conflict`` is its own answer."""
+        done: list[dict[str, Any] | Conflict] = []
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")  # takes the write lock before the key is checked
+            self._db.execute("BEGIN IMMEDIATE")  # takes the write lock before the keys are checked
             try:
-                row = self._db.execute(
-                    "SELECT refund_id, order_id, amount_cents FROM refunds WHERE idempotency_key = ?",
-                    (key,),
-                ).fetchone()
-                if row is None:
-                    refund_id = f"re_{uuid.uuid4().hex[:24]}"
-                    self._db.execute(
-                        "INSERT INTO refunds (idempotency_key, refund_id, order_id, amount_cents, applied_at)"
-                        " VALUES (?, ?, ?, ?, ?)",
-                        (key, refund_id, order_id, amount_cents, time.time()),
-                    )
-                elif (row[1], row[2]) != (order_id, amount_cents):
-                    raise Conflict(key)
-                else:
-                    refund_id = row[0]
-                    self._db.execute(
-                        "UPDATE refunds SET requests = requests + 1 WHERE idempotency_key = ?", (key,)
-                    )
+                for key, order_id, amount_cents in refunds:
+                    done.append(self._apply(key, order_id, amount_cents))
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
+        return done
+
+    def _apply(self, key: str, order_id: str, amount_cents: int) -> dict[str, Any] | Conflict:
+        row = self._db.execute(
+            "SELECT refund_id, order_id, amount_cents FROM refunds WHERE idempotency_key = ?", (key,)
+        ).fetchone()
+        if row is None:
+            refund_id = f"re_{uuid.uuid4().hex[:24]}"
+            self._db.execute(
+                "INSERT INTO refunds (idempotency_key, refund_id, order_id, amount_cents, applied_at)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (key, refund_id, order_id, amount_cents, time.time()),
+            )
+        elif (row[1], row[2]) != (order_id, amount_cents):
+            return Conflict(key)
+        else:
+            refund_id = row[0]
+            self._db.execute("UPDATE refunds SET requests = requests + 1 WHERE idempotency_key = ?", (key,))
         return {
             "refund_id": refund_id,
             "order_id": order_id,
@@ -261,12 +273,63 @@ class Ledger:
             self._db.close()
 
 
+class _Queued:
+    __slots__ = ("refund", "result", "woken")
+
+    def __init__(self, refund: tuple[str, str, int]) -> None:
+        self.refund = refund
+        self.woken = anyio.Event()
+        self.result: tuple[dict[str, Any] | Exception] | None = None
+
+
+class _GroupCommit:
+    """Refunds that arrive together applied in one transaction (``Ledger.apply_many``): one
+    sync of the file for all of them, each answered only once it is on disk. The first to ask
+    while no write is under way writes what is queued then; those queued meanwhile go in the
+    next write, led by the first of them. Callers are shielded (``Shop.refund``)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        self._queue: list[_Queued] = []
+        self._writing = False
+
+    async def apply(self, refund: tuple[str, str, int]) -> dict[str, Any] | Conflict:
+        entry = _Queued(refund)
+        self._queue.append(entry)
+        while entry.result is None:
+            if self._writing:
+                await entry.woken.wait()
+                entry.woken = anyio.Event()
+                continue
+            self._writing = True
+            batch, self._queue = self._queue, []
+            try:
+                # In a thread: a durable commit waits for fsync, which should not stall the loop.
+                done: list[Any] = await anyio.to_thread.run_sync(
+                    self._ledger.apply_many, [e.refund for e in batch]
+                )
+            except Exception as exc:
+                done = [exc] * len(batch)
+            finally:
+                self._writing = False
+            for e, result in zip(batch, done, strict=True):
+                e.result = (result,)
+                e.woken.set()
+            if self._queue:
+                self._queue[0].woken.set()  # the next write's leader
+        (result,) = entry.result
+        if isinstance(result, Exception) and not isinstance(result, Conflict):
+            raise result
+        return result
+
+
 class Shop:
     """The shop's MCP server and its ledger. ``by_order`` in the ledger lists only refunded orders."""
 
     def __init__(self, ledger_path: str | Path | None = None, *, delay_s: float = 0.0) -> None:
         self.delay_s = delay_s
         self._ledger = Ledger(ledger_path)
+        self._applying = _GroupCommit(self._ledger)
         self.server: Server[Any] = Server("haltwire-shop", on_list_tools=self._list, on_call_tool=self._call)
 
     def ledger(self) -> dict[str, Any]:
@@ -303,31 +366,33 @@ class Shop:
         return _error(f"unknown tool: {params.name}")
 
     async def _refund(self, meta: Any, args: dict[str, Any]) -> types.CallToolResult:
+        text, refund = await self.refund(meta, args)
+        return _error(text) if refund is None else _answer(text, refund)
+
+    async def refund(self, meta: Any, args: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+        """``issue_refund``: its text and the refund applied, or why not and None (both routes)."""
         key = meta.get(KEY_META) if isinstance(meta, dict) else None
         if key is None:
-            return _error(f'refunds need an idempotency key (_meta["{KEY_META}"])')
+            return f'refunds need an idempotency key (_meta["{KEY_META}"])', None
         if not isinstance(key, str) or not 1 <= len(key) <= 255:
-            return _error("the idempotency key must be a string of 1 to 255 characters")
+            return "the idempotency key must be a string of 1 to 255 characters", None
         order = ORDERS.get(str(args.get("order_id")))
         if order is None:
-            return _error(f"unknown order: {args.get('order_id')!r}")
+            return f"unknown order: {args.get('order_id')!r}", None
         amount = args.get("amount_cents")
         # bool is an int to Python, not to the API.
         if not isinstance(amount, int) or isinstance(amount, bool) or not 1 <= amount <= MAX_REFUND_CENTS:
-            return _error(f"amount_cents must be an integer from 1 to {MAX_REFUND_CENTS} (a $200 cap)")
+            return f"amount_cents must be an integer from 1 to {MAX_REFUND_CENTS} (a $200 cap)", None
         if amount > order.amount_cents:
-            return _error(f"refund of {amount} cents exceeds order {order.order_id}'s {order.amount_cents}")
+            return f"refund of {amount} cents exceeds order {order.order_id}'s {order.amount_cents}", None
         # Shielded: a call that has arrived finishes even when its caller goes away mid-call.
         with anyio.CancelScope(shield=True):
             if self.delay_s > 0:
                 await anyio.sleep(self.delay_s)
-            try:
-                # In a thread: a durable commit waits for fsync, which should not stall the loop.
-                refund = await anyio.to_thread.run_sync(self._ledger.apply, key, order.order_id, amount)
-            except Conflict:
-                return _error("idempotency key reused with other arguments")
-        text = f"refund {refund['refund_id']}: {amount} cents on order {order.order_id}"
-        return _answer(text, refund)
+            refund = await self._applying.apply((key, order.order_id, amount))
+        if isinstance(refund, Conflict):
+            return "idempotency key reused with other arguments", None
+        return f"refund {refund['refund_id']}: {amount} cents on order {order.order_id}", refund
 
     def http_app(self) -> Starlette:
         """Streamable HTTP at ``/mcp``, plus ``GET /ledger`` and ``POST /reset``."""
@@ -339,7 +404,7 @@ class Shop:
             self.reset()
             return JSONResponse({"ok": True})
 
-        return self.server.streamable_http_app(
+        sdk = self.server.streamable_http_app(
             stateless_http=True,
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
             custom_starlette_routes=[
@@ -347,6 +412,8 @@ class Shop:
                 Route("/reset", reset, methods=["POST"]),
             ],
         )
+        sdk.add_middleware(FastRoute, tool="issue_refund", call=self.refund, server_name=self.server.name)
+        return sdk
 
 
 def main(argv: list[str] | None = None) -> None:

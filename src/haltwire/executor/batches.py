@@ -27,6 +27,18 @@ A = TypeVar("A")
 R = TypeVar("R")
 
 
+class Tally:
+    """Requests of one kind sent and the items they carried: for tests and the benchmark."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.items = 0
+
+    def add(self, items: int) -> None:
+        self.sent += 1
+        self.items += items
+
+
 class _Ask(Generic[A, R]):
     __slots__ = ("answered", "error", "item", "lead", "result", "woken")
 
@@ -57,9 +69,16 @@ class Batcher(Generic[A, R]):
         self.linger_s = linger_s
         self._queue: list[_Ask[A, R | ControlRefused]] = []
         self._leading = False
-        #: Requests sent and the items they carried: for tests and the benchmark.
-        self.sent = 0
-        self.items = 0
+        #: Requests sent and the items they carried (``sent``, ``items``).
+        self.tally = Tally()
+
+    @property
+    def sent(self) -> int:
+        return self.tally.sent
+
+    @property
+    def items(self) -> int:
+        return self.tally.items
 
     async def ask(self, item: A) -> R:
         entry: _Ask[A, R | ControlRefused] = _Ask(item)
@@ -107,8 +126,7 @@ class Batcher(Generic[A, R]):
         finally:
             entry.lead = False
             if batch:
-                self.sent += 1
-                self.items += len(batch)
+                self.tally.add(len(batch))
             for e in batch:
                 e.answered = True
                 e.woken.set()

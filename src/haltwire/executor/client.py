@@ -3,7 +3,7 @@
 ``IntentClient`` is the runtime's ``ControlClient`` (runs, leases, the watch: the executor holds
 a lease of its own) plus who its token is, claim, check, commit, fail and the restart's
 ``unknown``, one intent at a time or many in one request (``claim_many``, ``check_many``,
-``settle_many``; a batch of one takes the one-at-a-time route). Refusals raise ``ControlRefused``, anything else ``ControlUnreachable``, as
+``settle_many``; a batch of one takes the one-at-a-time route), or the three in one ``turn``. Refusals raise ``ControlRefused``, anything else ``ControlUnreachable``, as
 for every control client; in a batch, one intent's refusal is its own entry of the answer.
 
 What it records must fit the control plane's limits (``haltwire.limits``), or the call, made,
@@ -38,6 +38,17 @@ class Settlement(NamedTuple):
     intent_id: str
     outcome: dict[str, Any] | None
     error: str | None
+
+
+#: An intent claimed in a turn: its id, and its check's answer.
+Claimed = tuple[str, Answer]
+
+
+def _entry(s: Settlement) -> dict[str, Any]:
+    """A settlement as a batch carries it."""
+    if s.outcome is None:
+        return {"intent_id": s.intent_id, "error": fitted(s.error or "failed")}
+    return {"intent_id": s.intent_id, "outcome": s.outcome}
 
 
 def _answer(entry: dict[str, Any]) -> Answer:
@@ -127,10 +138,7 @@ class IntentClient(ControlClient):
             chunk, size = [], 0
 
         for i, s in enumerate(settlements):
-            if s.outcome is None:
-                entry: dict[str, Any] = {"intent_id": s.intent_id, "error": fitted(s.error or "failed")}
-            else:
-                entry = {"intent_id": s.intent_id, "outcome": s.outcome}
+            entry = _entry(s)
             n = len(json.dumps(entry, separators=(",", ":")))
             if n > BATCH_OUTCOME_BYTES:
                 try:
@@ -144,6 +152,20 @@ class IntentClient(ControlClient):
             size += n
         await flush()
         return [answers[i] for i in range(len(settlements))]
+
+    async def turn(self, settlements: Sequence[Settlement], limit: int) -> tuple[list[Answer], list[Claimed]]:
+        """Record ``settlements``, then claim and check up to ``limit`` intents, in one request
+        and one write (``POST /v1/intent-turns``): the outcomes' answers, then each intent
+        claimed with its check's answer (the intent checked, or the ``ControlRefused`` its
+        check raised). Outcomes too large to go together are recorded first (``settle_many``)."""
+        entries = [_entry(s) for s in settlements]
+        settled: list[Answer] = []
+        if sum(len(json.dumps(e, separators=(",", ":"))) for e in entries) > BATCH_OUTCOME_BYTES:
+            settled, entries = await self.settle_many(settlements), []  # a large result among them
+        data = await self._call("POST", "/v1/intent-turns", {"outcomes": entries, "claim": limit})
+        if entries:
+            settled = [_answer(entry) for entry in data["results"]]
+        return settled, [(str(entry["intent_id"]), _answer(entry)) for entry in data["intents"]]
 
     async def commit(self, intent_id: str, outcome: dict[str, Any]) -> dict[str, Any]:
         try:

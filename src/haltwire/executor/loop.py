@@ -17,12 +17,15 @@ For each intent, in this order:
    error, or no upstream offering the tool). A control plane that cannot be reached is asked
    again until it records it: the outcome is only in this process until then.
 
-Each worker takes one intent through these steps at a time; what the workers ask of one kind
-at the same moment (claims, checks, outcomes) goes to the control plane as one request and one
-write (``haltwire.executor.batches``, ``POST /v1/intent-batches/claim``, ``check``, ``settle``;
-``[executor] batch_max``, ``batch_linger_s``), each intent checked and audited on its own. A
-check is sent as soon as the request before it is answered, and the call follows its answer at
-once, so batching adds no wait between an intent's check and its call.
+Each worker takes one intent through these steps at a time. A worker's outcome (5), its next
+claim (1) and that intent's check (3) go to the control plane as one turn, and what the workers
+ask at the same moment as one request and one write (``haltwire.executor.batches``, ``POST
+/v1/intent-turns``; ``[executor] batch_max``, ``batch_linger_s``), each intent checked and
+audited on its own. The claim and the check are one write, the worker performs the call as
+soon as the answer comes, and a turn is sent as soon as the one before it is answered, so the
+check is as close to the call as a check of its own. Intents held from an earlier lease, and
+unknown ones, are checked alone and their outcomes recorded alone (``POST
+/v1/intent-batches/check``, ``settle``), batched the same way.
 
 Before anything else, the executor asks the control plane who its token is (``GET
 /v1/whoami``) and refuses to run (``WrongRole``) with one that is not sent every stop, as every
@@ -53,8 +56,8 @@ import anyio.abc
 from mcp.shared.exceptions import MCPError
 
 from haltwire.errors import describe
-from haltwire.executor.batches import Batcher
-from haltwire.executor.client import IntentClient, Settlement
+from haltwire.executor.batches import Batcher, Tally
+from haltwire.executor.client import Answer, Claimed, IntentClient, Settlement
 from haltwire.gateway.config import ExecutorSection
 from haltwire.meta import KEY_META
 from haltwire.metrics import ExecutorMetrics
@@ -107,7 +110,12 @@ class Executor:
         self.settled: dict[str, str] = {}
         most, linger = settings.batch_max, settings.batch_linger_s
         #: The workers' claims, checks and outcomes, each kind sent together (``batches``).
-        self.claims: Batcher[None, dict[str, Any] | None] = Batcher(self._claim, most=most, linger_s=linger)
+        self.turns: Batcher[Settlement | None, tuple[Answer | None, Claimed | None]] = Batcher(
+            self._turn, most=most, linger_s=linger
+        )
+        #: The claims the turns carried (each turn one request); the checks they carried are
+        #: counted with ``checks``' own.
+        self.claims = Tally()
         self.checks: Batcher[str, dict[str, Any]] = Batcher(control.check_many, most=most, linger_s=linger)
         self.outcomes: Batcher[Settlement, dict[str, Any]] = Batcher(
             control.settle_many, most=most, linger_s=linger
@@ -145,10 +153,15 @@ class Executor:
                 log.error("executor: the control plane refused a lease: %s", exc)
             await anyio.sleep(self.settings.retry_s)
 
-    async def _claim(self, asked: list[None]) -> list[dict[str, Any] | None]:
-        """One claim for the workers asking: an intent each while any is pending, else None."""
-        claimed: list[dict[str, Any] | None] = list(await self.control.claim_many(len(asked)))
-        return claimed + [None] * (len(asked) - len(claimed))
+    async def _turn(self, asked: list[Settlement | None]) -> list[tuple[Answer | None, Claimed | None]]:
+        """One turn for the workers asking: each one's outcome recorded (if it has one), and an
+        intent claimed and checked for each while any is pending."""
+        settled, claimed = await self.control.turn([s for s in asked if s is not None], len(asked))
+        self.claims.add(len(asked))
+        if claimed:
+            self.checks.tally.add(len(claimed))
+        outcomes, intents = iter(settled), iter(claimed)
+        return [(None if s is None else next(outcomes, None), next(intents, None)) for s in asked]
 
     async def _unresolved(self) -> list[dict[str, Any]]:
         """This identity's intents without an outcome (claimed ones are now unknown)."""
@@ -158,34 +171,51 @@ class Executor:
         return unknown
 
     async def _work(self, lease: Lease) -> None:
+        done: Settlement | None = None  # the last call's outcome: recorded with the next turn
         while lease.notice is None:
             if self._held:
+                if done is not None:
+                    await self._record(done)
+                    done = None
                 intent = self._held.pop(0)
-            else:
-                try:
-                    lease.require()
-                    claimed = await self.claims.ask(None)
-                except StopRequested:
+                if not await self.settle(intent, lease):
+                    self._held.append(intent)  # not performed: kept for the next lease
                     return
-                except ControlUnreachable as exc:
-                    log.warning("executor: claiming failed: %s", exc)
-                    await anyio.sleep(self.settings.retry_s)
-                    continue
-                if claimed is None:
-                    with anyio.move_on_after(self.settings.poll_s):
-                        await lease.ended.wait()
-                    continue
-                intent = claimed
-                self.metrics.intent("claimed")
-            if not await self.settle(intent, lease):
-                self._held.append(intent)  # not performed: kept for the next lease
+                continue
+            try:
+                lease.require()
+                recorded, claimed = await self.turns.ask(done)
+            except StopRequested:
+                break
+            except ControlUnreachable as exc:  # the outcome is sent again with the next turn
+                log.warning("executor: a turn failed: %s", exc)
+                await anyio.sleep(self.settings.retry_s)
+                continue
+            if done is not None:
+                self._recorded(done, recorded)
+                done = None
+            if claimed is None:
+                with anyio.move_on_after(self.settings.poll_s):
+                    await lease.ended.wait()
+                continue
+            self.metrics.intent("claimed")
+            intent_id, checked = claimed
+            if isinstance(checked, ControlRefused):
+                self._refused(intent_id, checked)
+                continue
+            if lease.notice is not None:
+                self._held.append(checked)  # ended while the turn was answered: its check stands
                 return
+            done = await self._carried_out(checked)
+        if done is not None:
+            await self._record(done)
 
     # -- one intent ----------------------------------------------------------------------------
 
     async def settle(self, intent: dict[str, Any], lease: Lease) -> bool:
-        """Check, perform and record one claimed (or unknown) intent. False when the lease ended
-        before the call: the intent stays with this executor, unperformed (a passed check stands)."""
+        """Check, perform and record one held (unknown, or claimed under an earlier lease)
+        intent. False when the lease ended before the call: the intent stays with this executor,
+        unperformed (a passed check stands)."""
         intent_id = intent["intent_id"]
         try:
             lease.require()
@@ -193,20 +223,27 @@ class Executor:
         except StopRequested:
             return False
         except ControlRefused as exc:
-            if exc.code == "stopped":
-                log.warning("intent %s cancelled by stop %s: %s", intent_id, exc.error.get("stop_id"), exc)
-                self._note(intent_id, "cancelled")
-            else:  # settled meanwhile, or not ours: nothing to perform
-                log.error("intent %s: the check was refused: %s", intent_id, exc)
+            self._refused(intent_id, exc)
             return True
         if lease.notice is not None:
             # Ended while the check was answered: held, checked; the next lease performs it
             # (its check stands: it came before the stop).
             return False
-        outcome, error = await self._perform(checked)
-        settlement = Settlement(intent_id, outcome if error is None else None, error)
-        await self._record(intent_id, "committed" if error is None else "failed", settlement)
+        await self._record(await self._carried_out(checked))
         return True
+
+    def _refused(self, intent_id: str, exc: ControlRefused) -> None:
+        """An intent's check refused: cancelled by a stop, or nothing to perform."""
+        if exc.code == "stopped":
+            log.warning("intent %s cancelled by stop %s: %s", intent_id, exc.error.get("stop_id"), exc)
+            self._note(intent_id, "cancelled")
+        else:  # settled meanwhile, or not ours: nothing to perform
+            log.error("intent %s: the check was refused: %s", intent_id, exc)
+
+    async def _carried_out(self, intent: dict[str, Any]) -> Settlement:
+        """The call made (it passed its check just now): what to record of it."""
+        outcome, error = await self._perform(intent)
+        return Settlement(intent["intent_id"], outcome if error is None else None, error)
 
     async def _perform(self, intent: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
         """The upstream's answer: (result, None) to commit, or ({}, error) to fail."""
@@ -242,14 +279,21 @@ class Executor:
         result.pop("_meta", None)
         return result, None
 
-    async def _record(self, intent_id: str, state: str, settlement: Settlement) -> None:
+    async def _record(self, settlement: Settlement) -> None:
+        """Record an outcome on its own, asking until the control plane answers."""
         try:
-            await self._retrying(lambda: self.outcomes.ask(settlement))
-        except ControlRefused as exc:  # settled by someone else; the call itself is done
-            log.error("intent %s: recording %s was refused: %s", intent_id, state, exc)
+            answer: Answer = await self._retrying(lambda: self.outcomes.ask(settlement))
+        except ControlRefused as exc:
+            answer = exc
+        self._recorded(settlement, answer)
+
+    def _recorded(self, settlement: Settlement, answer: Answer | None) -> None:
+        state = "committed" if settlement.error is None else "failed"
+        if isinstance(answer, ControlRefused) or answer is None:  # settled by someone else; the call is done
+            log.error("intent %s: recording %s was refused: %s", settlement.intent_id, state, answer)
             return
-        self._note(intent_id, state)
-        log.info("intent %s %s", intent_id, state)
+        self._note(settlement.intent_id, state)
+        log.info("intent %s %s", settlement.intent_id, state)
 
     def _note(self, intent_id: str, state: str) -> None:
         self.metrics.intent(state)

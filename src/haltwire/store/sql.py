@@ -100,6 +100,10 @@ class Tx(Statements):
     #: A read-only snapshot (``Db.snapshot``): a ``write()`` inside it is an error.
     read_only: bool = False
 
+    #: What a store remembers for the rest of this transaction (set anew as each begins): the
+    #: audit log's newest record, once it holds the log's lock (``SqlAuditLog``).
+    memo: dict[str, Any]
+
 
 @dataclass(slots=True)
 class RowCount:
@@ -148,6 +152,7 @@ class Db(Statements):
         """Every read of this ``Db`` in the block, by any store on it, sees the same committed
         state, on a connection of its own (a long read holds up no other reader or writer)."""
         async with self._snapshot() as tx:
+            tx.memo = {}
             token = _open.set((self, tx))
             try:
                 yield
@@ -171,6 +176,7 @@ class Db(Statements):
             yield joined
             return
         async with self._begin() as tx:
+            tx.memo = {}
             token = _open.set((self, tx))
             try:
                 if lock is not None:

@@ -1,5 +1,8 @@
 """Routes of intents in batches (executor): claim, check and settle many intents in one write.
 
+``POST /v1/intent-turns`` is the three in one: an executor's turn settles the calls its
+workers made, then claims and checks their next intents (``intent_batches.turn_batch``).
+
 The batch forms of ``POST /v1/intents/claim``, ``/v1/intents/{id}/check`` and ``/commit`` /
 ``/fail``, with the same roles (their actions), the same per-intent rules and audit records
 (``haltwire.control.intent_batches``). One intent's refusal is its own entry of the answer,
@@ -16,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from typing_extensions import TypedDict  # pydantic reads typing's only from Python 3.12
 
 from haltwire.control import intent_batches
+from haltwire.control.access import authorize
 from haltwire.control.intent_batches import MAX_BATCH, Answer, Outcome
 from haltwire.control.routes.fields import Id, Text
 from haltwire.control.routes.views import ErrorObject, IntentList, intents_json
@@ -53,6 +57,17 @@ class OutcomesBody(Body):
     outcomes: list[OutcomeEntry] = Field(min_length=1, max_length=MAX_BATCH)
 
 
+class TurnBody(Body):
+    """An executor's turn: the outcomes of the calls its workers made (none on a first turn),
+    and how many more intents to claim and check for workers about to perform them."""
+
+    body_limit: ClassVar[BodyLimit] = "max_intent_body_bytes"
+
+    outcomes: list[OutcomeEntry] = Field(default_factory=list, max_length=MAX_BATCH)
+    #: The most intents to claim and check now (0: only settle).
+    claim: int = Field(ge=0, le=MAX_BATCH)
+
+
 class IntentAnswer(TypedDict):
     """One intent of a batch: ``status`` 200 with the intent (``error`` null), or the status and
     error its own route would have answered (404 ``unknown_intent``, 409 ``stopped`` or
@@ -66,6 +81,14 @@ class IntentAnswer(TypedDict):
 
 class IntentAnswers(TypedDict):
     results: list[IntentAnswer]
+
+
+class TurnAnswers(TypedDict):
+    #: The outcomes' answers, in the order given.
+    results: list[IntentAnswer]
+    #: The intents claimed and checked, oldest first: each checked (200), or cancelled by a
+    #: stop (409 ``stopped``) and not to be performed.
+    intents: list[IntentAnswer]
 
 
 def _answers(answers: list[Answer]) -> Response:
@@ -92,6 +115,17 @@ async def settle_intents(request: Request) -> Response:
     asked = await body(request, who, OutcomesBody, "intent.commit")
     outcomes = [Outcome(o.intent_id, o.outcome, o.error) for o in asked.outcomes]
     return _answers(await intent_batches.settle_batch(plane_of(request), who, outcomes))
+
+
+async def take_turn(request: Request) -> Response:
+    """Record the outcomes of an executor's calls, then claim and check its next intents, in one write"""
+    who = await caller(request, "intent.claim", write=True)
+    for action in ("intent.check", "intent.commit"):
+        await authorize(plane_of(request), who, action, write=True)
+    asked = await body(request, who, TurnBody, "intent.claim")
+    outcomes = [Outcome(o.intent_id, o.outcome, o.error) for o in asked.outcomes]
+    settled, claimed = await intent_batches.turn_batch(plane_of(request), who, outcomes, asked.claim)
+    return JSONResponse({"results": [a.json() for a in settled], "intents": [a.json() for a in claimed]})
 
 
 _EACH = "each intent's own refusal is its entry of results (status and error)"
@@ -131,5 +165,18 @@ routes = [
         ),
         (422, 503),
         body=OutcomesBody,
+    ),
+    Route(
+        "POST",
+        "/v1/intent-turns",
+        take_turn,
+        "intent.claim",
+        (
+            200,
+            TurnAnswers,
+            f"the outcomes in the order given, then the intents claimed and checked; {_EACH}",
+        ),
+        (422, 503),
+        body=TurnBody,
     ),
 ]

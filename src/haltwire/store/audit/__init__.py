@@ -25,7 +25,7 @@ import json
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
 
 from haltwire.store.registry import RegistryUnavailable
@@ -192,11 +192,14 @@ def canonical_json(value: object) -> str:
 def hash_of(record: AuditRecord, key: bytes | None = None) -> str:
     """What ``record.hash`` should be: the HMAC-SHA256 with ``key`` (without one, the SHA-256)
     of the canonical JSON of every other field."""
-    body = {field: getattr(record, field) for field in COLUMNS if field != "hash"}
+    return _digest({field: getattr(record, field) for field in COLUMNS if field != "hash"}, key)
+
+
+def _digest(body: dict[str, Any], key: bytes | None) -> str:
     text = canonical_json(body).encode("utf-8")
     if key is None:
         return hashlib.sha256(text).hexdigest()
-    return hmac.new(key, text, hashlib.sha256).hexdigest()
+    return hmac.digest(key, text, "sha256").hex()
 
 
 def _recomputed(record: AuditRecord, key: bytes | None) -> str | None:
@@ -365,8 +368,12 @@ def new_record(last: Row | None, fields: Fields, now: float, key: bytes | None =
     seq, prev_hash = (1, GENESIS) if last is None else (int(last[0]) + 1, str(last[1]))
     # The detail as it will read back from the store, so the hash is over the stored content.
     stored_detail: dict[str, Any] = json.loads(canonical_json(dict(detail)))
-    record = AuditRecord(seq, now, actor, role, action, target, outcome, reason, stored_detail, prev_hash, "")
-    return replace(record, hash=hash_of(record, key))
+    # ``hash_of``'s body, built once (no record to copy: an append is on every write's path).
+    body: dict[str, Any] = {
+        "seq": seq, "at": now, "actor": actor, "role": role, "action": action, "target": target,
+        "outcome": outcome, "reason": reason, "detail": stored_detail, "prev_hash": prev_hash,
+    }  # fmt: skip
+    return AuditRecord(**body, hash=_digest(body, key))
 
 
 def checked_append(actor: str, action: str, outcome: str, detail: Mapping[str, Any], now: float) -> Outcome:

@@ -26,6 +26,8 @@ from haltwire.store.audit import (
 )
 from haltwire.store.sql import Db, Store, Tables
 
+#: Where a transaction keeps the newest record it appended (``Tx.memo``).
+TIP = "audit.tip"
 #: Names bound in one ``about`` query (each twice): far below SQLite's limit on parameters.
 ABOUT_CHUNK = 400
 
@@ -40,11 +42,17 @@ class SqlAuditLog(Store, AuditLog):
     async def _append(self, fields: Fields, now: float) -> AuditRecord:
         # Inside a caller's transaction (a stop and its record), the lock is held until it
         # commits: the next append waits, so seq order is commit order.
-        async with self._db.write("audit") as tx:
-            record = new_record(await tx.one(QUERIES["last"]), fields, now, self.key)
+        async with self._db.write() as tx:
+            # The transaction's own last append, if any: it holds the lock, so nothing came after.
+            last = tx.memo.get(TIP)
+            if last is None:
+                await tx.lock("audit")
+                last = await tx.one(QUERIES["last"])
+            record = new_record(last, fields, now, self.key)
             await tx.execute(QUERIES["insert"], as_row(record))
             for row in index.rows(record.seq, record.target, record.detail):
                 await tx.execute(index.QUERIES["insert"], row)
+            tx.memo[TIP] = (record.seq, record.hash)
         return record
 
     async def about(self, names: Iterable[str]) -> list[AuditRecord]:

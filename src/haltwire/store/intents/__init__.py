@@ -59,6 +59,11 @@ class IntentStore(Protocol):
 
     async def get(self, intent_id: str) -> Intent | None: ...
 
+    async def get_locked(self, intent_id: str) -> Intent | None:
+        """The intent read in a write transaction (the caller's, joined), its row locked until
+        that transaction ends (PostgreSQL; in SQLite the transaction excludes every writer)."""
+        ...
+
     async def by_key(self, agent: str, idempotency_key: str) -> Intent | None: ...
 
     async def list(
@@ -93,11 +98,19 @@ class IntentStore(Protocol):
         ...
 
     async def check(
-        self, intent_id: str, executor: str, revision: int, now: float, limit: int | None = None
+        self,
+        intent_id: str,
+        executor: str,
+        revision: int,
+        now: float,
+        limit: int | None = None,
+        current: Intent | None = None,
     ) -> Intent:
         """Record the claiming executor's final registry check at ``revision`` (once: a second
         check answers the first). With ``limit``, ``LimitReached`` instead when the intent's run
-        already has that many checked intents for its tool (counted in the same transaction)."""
+        already has that many checked intents for its tool (counted in the same transaction).
+        ``current``: the intent as ``get_locked`` read it in the caller's transaction (not
+        read again)."""
         ...
 
     async def cancel_claimed(self, intent_id: str, executor: str, stop_id: str, now: float) -> Intent:

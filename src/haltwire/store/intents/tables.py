@@ -62,6 +62,10 @@ class SqlIntentStore(Store):
     async def get(self, intent_id: str) -> Intent | None:
         return next(iter(await self._rows(QUERIES["get"], (intent_id,))), None)
 
+    async def get_locked(self, intent_id: str) -> Intent | None:
+        async with self._db.write() as tx:
+            return await self._locked(tx, intent_id)
+
     async def by_key(self, agent: str, idempotency_key: str) -> Intent | None:
         return next(iter(await self._rows(QUERIES["by_key"], (agent, idempotency_key))), None)
 
@@ -114,10 +118,17 @@ class SqlIntentStore(Store):
         return oldest_first(await self._written(QUERIES["mark_unknown"], (now, claimant(executor))))
 
     async def check(
-        self, intent_id: str, executor: str, revision: int, now: float, limit: int | None = None
+        self,
+        intent_id: str,
+        executor: str,
+        revision: int,
+        now: float,
+        limit: int | None = None,
+        current: Intent | None = None,
     ) -> Intent:
         async with self._db.write() as tx:
-            current = await self._locked(tx, intent_id)
+            if current is None:
+                current = await self._locked(tx, intent_id)
             new = checked(current, intent_id, executor, revision, now)
             assert current is not None
             if new is None:
