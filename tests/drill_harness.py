@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -60,11 +62,25 @@ class StackToDrill:
         ]  # fmt: skip
 
 
+def unused_port() -> int:
+    """A free loopback port below Linux's ephemeral range (32768 up), for a port a test names
+    long before anything listens on it: a free port of that range can become the local port of
+    any connection made meanwhile (it did: the canary then failed to bind it)."""
+    while True:
+        port = random.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+
+
 @contextmanager
 def stack_to_drill(directory: Path) -> Iterator[StackToDrill]:
     """The control plane (SQLite) and a gateway following it, each its own process."""
-    ports = [free_port() for _ in range(5)]
-    control, admin, enforcement, gateway, canary = ports
+    control, admin, enforcement, gateway = (free_port() for _ in range(4))
+    canary = unused_port()  # unbound for most of the test: outside the range connections draw from
     data = control_config(directory / "control.db", control, admin, enforcement)
     data["identities"] += [{"name": "ops", "role": "operator", "token": OPS_TOKEN}, REAL_AGENT]
     (directory / "control.toml").write_text(tomli_w.dumps(data))
