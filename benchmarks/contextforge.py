@@ -45,7 +45,7 @@ from typing import NamedTuple
 import anyio
 import httpx2
 
-from procs import HOST, free_port, spawn, wait_ready
+from procs import HOST, free_port, spawn, stop, wait_ready
 
 VERSION = "1.1.0"
 INSTALL = f'"mcp-contextforge-gateway[plugins]=={VERSION}"'
@@ -228,12 +228,7 @@ async def start(venv: Path, upstream_mcp_url: str, workdir: Path) -> Started:
         await wait_ready(f"{base}/health", proc, log, timeout_s=START_TIMEOUT_S)
         server_id, tools = await _register(base, token, upstream_mcp_url)
     except BaseException:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
         raise
     return Started(f"{base}/servers/{server_id}/mcp", {"Authorization": f"Bearer {token}"}, proc, tools)
 

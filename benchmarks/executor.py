@@ -71,6 +71,7 @@ from procs import (
     processes,
     run_benchmark,
     spawn,
+    stop,
     tree_cpu_seconds,
     wait_ready,
 )
@@ -186,12 +187,7 @@ class Stack:
 
     def stop_executor(self, proc: subprocess.Popen[bytes]) -> None:
         """Only once its intents are settled: a restart would mark a claimed one unknown."""
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
         self.procs.remove(proc)
 
 

@@ -114,6 +114,16 @@ async def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout
     raise RuntimeError(f"{url} did not come up in {timeout_s:g} s:\n{_read(log)}")
 
 
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate ``proc``, killed if it has not exited after 5 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextlib.contextmanager
 def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
     """Servers started in the block; each is terminated (killed after 5 s) when it exits, however.
