@@ -256,3 +256,30 @@ def test_the_host_header_names_the_port_only_when_not_80_and_brackets_an_ipv6_ad
     assert b"\r\nhost: [::1]:8080\r\n" in head("http://[::1]:8080/mcp")
     assert b"\r\nhost: example.test\r\n" in head("http://example.test/mcp?x=1")
     assert head("http://example.test/mcp?x=1").startswith(b"POST /mcp?x=1 HTTP/1.1\r\n")
+
+
+async def test_answers_larger_than_the_read_buffer_are_read_whole_and_as_a_stream() -> None:
+    # Far past the high-water mark (256 KiB): reading pauses and resumes. An SSE event stays
+    # under the SSE decoder's own limit (1 MiB).
+    sizes = {1: 3 * 1024 * 1024, 2: 900 * 1024}
+
+    async def large(body: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request_id = json.loads(body)["id"]
+        result = {"big": "x" * sizes[request_id]}
+        text = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}).encode()
+        kind = b"application/json" if request_id == 1 else b"text/event-stream"
+        out = text if request_id == 1 else b"event: message\r\ndata: " + text + b"\r\n\r\n"
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n" % (kind, len(out)))
+        for i in range(0, len(out), 65536):
+            writer.write(out[i : i + 65536])
+            await writer.drain()
+
+    async with raw_server(large) as (_, url):
+        c = ModernHttpCaller(url, "2026-07-28", [], name="raw")
+        assert c._lean is not None
+        try:
+            with anyio.fail_after(10):
+                assert len((await c.call_tool("t", None, None, None))["big"]) == sizes[1]  # JSON: read()
+                assert len((await c.call_tool("t", None, None, None))["big"]) == sizes[2]  # SSE: readany()
+        finally:
+            await c.aclose()

@@ -65,6 +65,8 @@ class Answer:
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0
         self._headed = False
+        #: Read whole (``read``): never paused, the caller wants all of it.
+        self._whole = False
         self.ended = False
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -87,7 +89,7 @@ class Answer:
     def _feed(self, data: bytes) -> None:
         self._chunks.append(data)
         self._buffered += len(data)
-        if self._buffered > _HIGH_WATER:
+        if self._buffered > _HIGH_WATER and not self._whole:
             self._connection.pause()
         self._wake()
 
@@ -120,12 +122,14 @@ class Answer:
             return b""
         data = self._chunks.popleft()
         self._buffered -= len(data)
-        self._connection.resume()
+        if self._buffered <= _HIGH_WATER:
+            self._connection.resume()
         return data
 
     async def read(self) -> bytes:
         """The whole body."""
-        self._connection.resume()  # no pausing: the caller wants all of it
+        self._whole = True
+        self._connection.resume()
         while not self.ended:
             await self._wait()
         data = b"".join(self._chunks)
