@@ -173,9 +173,6 @@ class _Corked:
         self._held = []
         self._transport.abort()
 
-    def get_write_buffer_size(self) -> int:
-        return self._transport.get_write_buffer_size() + sum(len(data) for data in self._held)
-
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
 
