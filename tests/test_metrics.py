@@ -247,7 +247,9 @@ async def test_the_gateway_command_logs_json_lines_an_access_log_and_its_refusal
             async def ready() -> bool:
                 try:
                     async with httpx2.AsyncClient(timeout=2) as http:
-                        return (await http.get(f"{url}/readyz")).status_code == 200
+                        # Said by the client, not where it connects from: never logged as its address.
+                        spoofed = {"x-forwarded-for": "203.0.113.9", "x-forwarded-proto": "https"}
+                        return (await http.get(f"{url}/readyz", headers=spoofed)).status_code == 200
                 except httpx2.HTTPError:
                     return False
 
@@ -268,6 +270,7 @@ async def test_the_gateway_command_logs_json_lines_an_access_log_and_its_refusal
     access = [line for line in logged if line["logger"] == "haltwire.access"]
     assert {(a["method"], a["path"], a["status"]) for a in access} >= {("POST", "/mcp", 200), ("GET", "/readyz", 200)}
     assert all(isinstance(a["duration_ms"], float) for a in access)
+    assert {a["client"].rpartition(":")[0] for a in access} == {"127.0.0.1"}, access
 
 
 def test_an_exporter_that_is_not_installed_is_one_sentence_and_exit_2(tmp_path: Path) -> None:

@@ -62,6 +62,46 @@ def test_the_parser_reads_everything_else_as_json_does() -> None:
         jsonwire.loads(b'{"a": "\xed\xa0\x80"}')
 
 
+#: Bodies whose reading must not depend on which parser reads them (orjson or Python's json).
+BOTH_PARSERS: Final = [
+    b'{"a": [1, -2.5, 1e308, -0.0, 2.5e-400, 1E2, "\\ud83d\\ude00", "\xc3\xa9"], "a": {"dup": true}}',
+    b'[9223372036854775807, -9223372036854775808, 18446744073709551615, 123456789012345678901]',
+    b' {"deep": [[[[[[[[[[{}]]]]]]]]]]} ',
+    b"\xef\xbb\xbf{}",  # a UTF-8 byte order mark, which json.loads takes from bytes
+    "{}".encode("utf-16"),  # json.loads reads UTF-16 and UTF-32 bytes too
+    b'{"a": 1,}',
+    b'{"a": "\xff"}',
+    *(t.encode() for t in NOT_JSON),
+]
+
+
+def _read(data: bytes) -> tuple[str, Any]:
+    try:
+        return "value", jsonwire.loads(data)
+    except jsonwire.NotJson as exc:
+        return "NotJson", str(exc)
+    except ValueError as exc:
+        return type(exc).__name__, None
+
+
+@pytest.mark.parametrize("data", BOTH_PARSERS)
+def test_orjson_reads_a_body_as_python_s_json_does(data: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    fast = _read(data)
+    monkeypatch.setattr(jsonwire, "orjson", None)  # a platform without orjson's wheel
+    slow = _read(data)
+    assert fast == slow
+    if fast[0] == "value":  # an integer past 64 bits stays an integer, exactly
+        assert json.dumps(fast[1]) == json.dumps(json.loads(data))
+
+
+def test_dumps_writes_compact_utf8_and_what_orjson_cannot_through_json() -> None:
+    assert jsonwire.dumps({"a": [1, "é"], "b": None}) == '{"a":[1,"é"],"b":null}'.encode()
+    big = {"n": 2**70, "x": [0.5]}
+    assert jsonwire.loads(jsonwire.dumps(big)) == big
+    assert jsonwire.sorted_dumps({"b": 1, "a": {"d": 2**70, "c": 1}}) == b'{"a":{"c":1,"d":1180591620717411303424},"b":1}'
+    assert jsonwire.sorted_dumps({"b": 1, "a": "é"}) == '{"a":"é","b":1}'.encode()
+
+
 @pytest.fixture
 def logged() -> Iterator[list[logging.LogRecord]]:
     """Every record at WARNING and above, uvicorn's own included (they do not reach the root)."""

@@ -61,8 +61,10 @@ def _gateway(args: argparse.Namespace) -> int:
 
     async def run() -> int:
         # The app is served while it starts: /healthz answers at once, /readyz 503 until its
-        # upstreams and stops are in, and a call waits for them.
-        server = owned_server(logged(app, args.access_log), config.gateway.listener)
+        # upstreams and stops are in, and a call waits for them. Nothing at the gateway reads
+        # X-Forwarded-*: its access log names the peer that connected, and no request pays for
+        # uvicorn's check of them.
+        server = owned_server(logged(app, args.access_log), config.gateway.listener, forwarded=False)
         served = anyio.Event()
         status = 0
         async with anyio.create_task_group() as tg:

@@ -11,6 +11,16 @@ acts on it.
 
 Used by the gateway's edge (every request body, the fast path's and the SDK's), the control
 plane's request bodies (``control/routes/wire.py``) and the answers of HTTP upstreams.
+
+Every tool call parses two bodies and writes two, so both directions take orjson (C) when it is
+installed, and Python's ``json`` for whatever orjson would read or write differently:
+
+- ``loads``: orjson refuses every value above by itself (each unpaired surrogate too), but reads
+  an integer past 64 bits as a float. A body with a run of 19 digits, and anything orjson refuses,
+  is read by the Python parser: what is accepted, and the error raised, are the Python path's.
+- ``dumps``: compact, non-ASCII written as UTF-8 (as the MCP SDK writes it); what orjson cannot
+  write (an integer past 64 bits, a key that is not a string, an unpaired surrogate) is written
+  by ``json.dumps``, as before.
 """
 
 from __future__ import annotations
@@ -19,6 +29,11 @@ import json
 import math
 import re
 from typing import Any, Final
+
+try:
+    import orjson
+except ImportError:  # pragma: no cover - a platform without its wheel: Python's json serves
+    orjson = None  # type: ignore[assignment]
 
 #: What a refusal says; a caller's body is never quoted back.
 NOT_FINITE: Final = "NaN, Infinity and numbers too large for a float (1e400) are not JSON (RFC 8259)"
@@ -29,6 +44,9 @@ SURROGATE: Final = "an unpaired UTF-16 surrogate (\\ud800 to \\udfff) is not tex
 #: one is checked.
 _SURROGATE_HINT: Final = re.compile(r"\\u[dD][89a-fA-F]|[\ud800-\udfff]")
 _SURROGATE_HINT_BYTES: Final = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+#: What orjson reads differently: an integer past 64 bits (as a float). A body holding a run of
+#: digits that long is read by the Python parser.
+_NOT_FOR_ORJSON: Final = re.compile(rb"\d{19}")
 
 
 class NotJson(ValueError):
@@ -51,6 +69,11 @@ def loads(data: str | bytes | bytearray) -> Any:
     """``json.loads`` without what is not JSON: ``NotJson`` for a non-finite number or an
     unpaired surrogate; ``json.JSONDecodeError`` (a ``ValueError``) or ``RecursionError`` as
     ``json.loads`` raises them for everything else it refuses."""
+    if orjson is not None and not isinstance(data, str) and _NOT_FOR_ORJSON.search(data) is None:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass  # refused: the Python parser says why, as it always did
     value = json.loads(data, parse_constant=_constant, parse_float=_float)
     hint = _SURROGATE_HINT.search(data) if isinstance(data, str) else _SURROGATE_HINT_BYTES.search(data)
     if hint is not None:  # rare: an escaped character outside the BMP, or a surrogate
@@ -59,3 +82,24 @@ def loads(data: str | bytes | bytearray) -> Any:
         except UnicodeEncodeError:
             raise NotJson(SURROGATE) from None
     return value
+
+
+def dumps(value: Any) -> bytes:
+    """``value`` as compact JSON, UTF-8 (``json.dumps`` for what orjson does not write)."""
+    if orjson is not None:
+        try:
+            return orjson.dumps(value)
+        except TypeError:
+            pass
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def sorted_dumps(value: Any) -> bytes:
+    """``value`` as compact UTF-8 JSON with its keys sorted, what is not JSON as its ``str``:
+    the same bytes for the same data (a digest's input)."""
+    if orjson is not None:
+        try:
+            return orjson.dumps(value, default=str, option=orjson.OPT_SORT_KEYS)
+        except TypeError:
+            pass
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=False).encode()

@@ -186,11 +186,13 @@ async def serve_forever(app: Any, sock: socket.socket, limits: ListenerLimits | 
     await SignalledServer(_config(app, limits, "on")).serve([sock])
 
 
-def owned_server(app: Any, limits: ListenerLimits | None = None) -> uvicorn.Server:
+def owned_server(app: Any, limits: ListenerLimits | None = None, *, forwarded: bool = True) -> uvicorn.Server:
     """A server for an app its owner starts and stops itself, while it is served (no lifespan),
     leaving the process's signals to the owner too: ``should_exit`` stops it gracefully (open
-    requests finish), ``force_exit`` at once, as uvicorn does on the signals it takes itself."""
-    return InProcessServer(_config(app, limits, "off"))
+    requests finish), ``force_exit`` at once, as uvicorn does on the signals it takes itself.
+    ``forwarded``: trust ``X-Forwarded-*`` from loopback (uvicorn's default); False: the peer is
+    the address that connected, whatever a request says."""
+    return InProcessServer(_config(app, limits, "off", proxy_headers=forwarded))
 
 
 class _Owner(SignalledServer):

@@ -46,7 +46,6 @@ the gateway's writes out.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -406,22 +405,25 @@ class Gateway:
         # What the call ended as, should it end by an exception from outside (client gone).
         outcome: Outcome = "abandoned"
         try:
-            # A stop that reaches a cancellable call in flight cancels ``call.scope``
-            # (``inflight.InFlight``); the deadline cancels the request too. Either way the
-            # upstream request is closed, so the upstream sees the cancellation.
-            with call.scope if call is not None else contextlib.nullcontext():
-                with anyio.fail_after(deadline_s):
-                    started = time.perf_counter()
-                    try:
-                        result = await route.upstream.call_tool(route.tool, arguments, meta, progress)
-                    finally:
-                        self.metrics.upstream_duration(route.upstream.name, time.perf_counter() - started)
+            # One scope cuts the call: a stop that reaches a cancellable call in flight cancels
+            # ``call.scope`` (``inflight.InFlight``), and the deadline is that scope's. Either
+            # way the upstream request is closed, so the upstream sees the cancellation.
+            scope = call.scope if call is not None else anyio.CancelScope()
+            scope.deadline = anyio.current_time() + deadline_s
+            with scope:
+                started = time.perf_counter()
+                try:
+                    result = await route.upstream.call_tool(route.tool, arguments, meta, progress)
+                finally:
+                    self.metrics.upstream_duration(route.upstream.name, time.perf_counter() - started)
                 outcome = "failed" if result.get("isError") else "completed"
                 return result
-            # Only reached when a stop cancelled the scope: the agent is answered the stop.
-            assert call is not None and call.refusal is not None
-            outcome = "cancelled"
-            return call.refusal
+            # Only reached when the scope was cancelled: by a stop, whose refusal the agent is
+            # answered, or by the deadline.
+            if call is not None and call.refusal is not None:
+                outcome = "cancelled"
+                return call.refusal
+            raise TimeoutError
         except TimeoutError:
             outcome = "deadline_exceeded"
             # An irreversible call cut off here may have happened: its outcome is unknown.

@@ -5,13 +5,13 @@ answers and their server-sent-event framing, and answers written whole (with the
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable
 from typing import Any, Final, TypeVar
 
 import anyio
 from starlette.types import Message, Receive, Send
 
+from haltwire import jsonwire
 from haltwire.refusal import Refusal
 
 T = TypeVar("T")
@@ -76,19 +76,18 @@ def is_tool_call(message: Any) -> bool:
 
 
 def jsonrpc_result(request_id: Any, result: dict[str, Any]) -> bytes:
-    return json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}, separators=(",", ":")).encode()
+    return jsonwire.dumps({"jsonrpc": "2.0", "id": request_id, "result": result})
 
 
 def jsonrpc_error(request_id: Any, code: int, message: str, data: Any = None) -> bytes:
     error: dict[str, Any] = {"code": code, "message": message}
     if data is not None:
         error["data"] = data
-    body = {"jsonrpc": "2.0", "id": request_id, "error": error}
-    return json.dumps(body, separators=(",", ":")).encode()
+    return jsonwire.dumps({"jsonrpc": "2.0", "id": request_id, "error": error})
 
 
 def sse_message(message: dict[str, Any]) -> bytes:
-    return f"event: message\r\ndata: {json.dumps(message, separators=(',', ':'))}\r\n\r\n".encode()
+    return b"event: message\r\ndata: %s\r\n\r\n" % jsonwire.dumps(message)
 
 
 async def until_disconnect(call: Awaitable[T], receive: Receive) -> T | None:

@@ -39,12 +39,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 from typing import Any, ClassVar, Final, Literal
 from urllib.parse import quote
 
 from pydantic import Field, model_validator
 
+from haltwire import jsonwire
 from haltwire.config import BearerToken, ConfigModel, ControlLink, Label
 from haltwire.identity import Identity, agent_counted_as, tenant_counted_as
 from haltwire.refusal import iso_utc
@@ -240,8 +240,7 @@ def read_amount(arguments: dict[str, Any] | None, path: str) -> int:
 def digest(value: Any) -> str:
     """A short digest of a JSON value, the same for the same data: keys sorted, no whitespace
     (so key order and the spacing of the request do not make two calls differ)."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=False)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    return hashlib.sha256(jsonwire.sorted_dumps(value)).hexdigest()[:32]
 
 
 def normalized_text(value: str) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import codecs
 import itertools
-import json
 import re
 from collections.abc import Mapping
 from typing import Any, Final, Protocol
@@ -205,10 +204,7 @@ class ModernHttpCaller:
         if arguments is not None:
             params["arguments"] = arguments
         params["_meta"] = out_meta
-        body = json.dumps(
-            {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params},
-            separators=(",", ":"),
-        ).encode()
+        body = jsonwire.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params})
         headers = {MCP_NAME_HEADER: encode_header_value(tool)}
         header_map = self._param_headers.get(tool)
         if header_map is not None and arguments:
