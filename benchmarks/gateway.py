@@ -59,17 +59,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,234 +76,39 @@ import httpx2
 
 import contextforge
 import tripwires as rule_cost
+from gateway_clients import (
+    _orders,
+    cpu_seconds,
+    latency_block,
+    mcp_client,
+    one_call,
+    throughput_block,
+    upstream_counts,
+)
+from gateway_common import (
+    AGENT,
+    AMOUNT_CENTS,
+    HANDSHAKE,
+    LEAN_VARIANTS,
+    TOKEN,
+    TOOL,
+    TRIPWIRES,
+    VARIANTS,
+    AdmitStats,
+    VariantStats,
+)
+from gateway_report import report_admission, report_calls, report_rule_cost
+from gateway_servers import gateway_config, lease_token, serve_bare, serve_fastmcp, serve_upstream
 from lean_client import LeanClient
-from procs import HOST, free_port, load_average, pct, processes, spawn, wait_ready
+from procs import HOST, free_port, load_average, processes, spawn, wait_ready
 
-TOKEN = "tok-bench"
-AGENT = "bench-bot"
-TOOL = "lookup_order"
-#: Every call looks up another order (so the ``repeated_calls`` rule does not trip) and carries
-#: an amount (so the money rule counts it); the demo upstream ignores ``amount_cents``.
-AMOUNT_CENTS = 5
-VARIANTS = [
-    "direct",
-    "haltwire",
-    "haltwire+5tw",
-    "haltwire-hs",
-    "bare",
-    "bare+schema",
-    "fastmcp",
-    "contextforge",
-]
-TRIPWIRES = "haltwire+5tw"
-#: The variants the lean client measures too: every sessionless one (haltwire-hs is the same
-#: gateway as haltwire; ContextForge is compared by latency).
-LEAN_VARIANTS = frozenset({"direct", "haltwire", TRIPWIRES, "bare", "bare+schema", "fastmcp"})
-#: A session-keeping client's calls take the fast path too: about the CPU of a sessionless one's.
-MAX_HANDSHAKE_CPU_RATIO = 1.25
-#: The same gateway as "haltwire", called by a session-keeping client (the initialize handshake,
-#: protocol 2025-11-25), as the TypeScript SDK 1.x and the MCP Inspector always are.
-HANDSHAKE = "haltwire-hs"
-#: The target: the five rules cost at most this much of haltwire's p50 without them.
-MAX_TRIPWIRE_RATIO = 1.10
-#: Issue 18's targets: haltwire's p50 over direct's, for sessionless and session-keeping
-#: clients; the gateway's CPU per call (ms) with the default config and with five rules; and
-#: against the rivals, p50 at most this share of theirs and FastMCP's throughput this many times.
-MAX_DIRECT_RATIO = 1.20
-MAX_CPU_MS = 0.40
-MAX_CPU_MS_TRIPWIRES = 0.50
-MAX_FASTMCP_P50_SHARE = 0.5
-MIN_FASTMCP_TPUT_RATIO = 2.0
-MAX_CONTEXTFORGE_P50_SHARE = 0.1
-LEASE_SECRET = "bench-lease-key-never-in-production-0123456789"
 SCRIPT = str(Path(__file__).resolve())
 REPO = Path(__file__).resolve().parent.parent
-_orders = itertools.count(1)
-
-
-# --------------------------------------------------------------------------------------
-# Server roles: each runs in its own process (``gateway.py serve ROLE ...``).
-# --------------------------------------------------------------------------------------
-
-
-def _counting(app: Any, counts: Counter[str]) -> Any:
-    """Wrap an ASGI app: count every HTTP request by method and Mcp-Method; serve GET /requests."""
-    import json
-
-    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            if scope["path"] == "/requests":
-                body = json.dumps(dict(counts)).encode()
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 200,
-                        "headers": [(b"content-type", b"application/json")],
-                    }
-                )
-                await send({"type": "http.response.body", "body": body})
-                return
-            method = ""
-            for k, v in scope["headers"]:
-                if k == b"mcp-method":
-                    method = v.decode("latin-1")
-            counts[scope["method"]] += 1
-            counts[f"{scope['method']} {method}"] += 1
-        await app(scope, receive, send)
-
-    return wrapped
-
-
-async def serve_upstream(port: int) -> None:
-    from haltwire.demo.upstream import DemoUpstream
-    from haltwire.serve import listen, serve_forever
-
-    demo = DemoUpstream()
-    await serve_forever(_counting(demo.http_app(), Counter()), listen(HOST, port))
-
-
-async def serve_bare(upstream: str, port: int, with_schema: bool) -> None:
-    """A pass-through on the SDK's low-level Server: no checks, one long-lived client upstream."""
-    import mcp.types as types
-    from mcp import Client
-    from mcp.client.streamable_http import streamable_http_client
-    from mcp.server.lowlevel import Server
-    from mcp.server.transport_security import TransportSecuritySettings
-
-    from haltwire.serve import listen, serve_forever
-
-    http = httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=None))
-    async with http, Client(streamable_http_client(upstream, http_client=http), cache=None) as client:
-        tools = (await client.list_tools()).tools
-        schemas = {t.name: dict(t.input_schema) for t in tools}
-
-        async def on_list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
-            return types.ListToolsResult(tools=tools)
-
-        async def on_call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-            return await client.call_tool(params.name, params.arguments)
-
-        server: Server[Any] = Server(
-            "bare",
-            on_list_tools=on_list_tools,
-            on_call_tool=on_call_tool,
-            get_tool_input_schema=schemas.get if with_schema else None,
-        )
-        app = server.streamable_http_app(
-            stateless_http=True,
-            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
-        )
-        await serve_forever(app, listen(HOST, port))
-
-
-async def serve_fastmcp(upstream: str, port: int) -> None:
-    """FastMCP's create_proxy over an already-connected client, rate-limited per bearer token."""
-    from fastmcp import Client as FastMCPClient
-    from fastmcp.server import create_proxy
-    from fastmcp.server.dependencies import get_http_request
-    from fastmcp.server.middleware.rate_limiting import RateLimitingMiddleware
-
-    from haltwire.serve import listen, serve_forever
-
-    def caller(context: Any) -> str:
-        return str(get_http_request().headers.get("authorization", "anonymous"))
-
-    async with FastMCPClient(upstream) as backend:
-        # A connected client: the proxy reuses its session for every request instead of
-        # opening a fresh backend session per request (the fastest configuration).
-        proxy = create_proxy(backend, name="fastmcp-proxy")
-        proxy.add_middleware(
-            RateLimitingMiddleware(max_requests_per_second=1e9, burst_capacity=10**9, get_client_id=caller)
-        )
-        app = proxy.http_app(stateless_http=True, json_response=True, host_origin_protection=False)
-        await serve_forever(app, listen(HOST, port))
-
-
-def gateway_config(upstream: str, tripwires: bool = False) -> str:
-    extra = ""
-    if tripwires:
-        extra = f"""
-[[leases.keys]]
-kid = "bench"
-secret = "{LEASE_SECRET}"
-"""
-        for rule in rule_cost.FIVE:
-            extra += "\n[[tripwires]]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in rule.items())
-    return f"""
-[gateway]
-development = true
-
-[counters]
-backend = "memory"
-
-[limits]
-budget = 1000000000
-window_s = 3600
-max_in_flight = 100000
-
-[[identities]]
-agent = "{AGENT}"
-token = "{TOKEN}"
-
-[[upstreams]]
-name = "demo"
-url = "{upstream}"
-{extra}"""
-
-
-def _toml(value: Any) -> str:
-    return f'"{value}"' if isinstance(value, str) else str(value)
-
-
-def lease_token() -> str:
-    """A lease for one run of the benchmark's identity, signed as the control plane signs them."""
-    from haltwire.tokens import LeaseClaims, LeaseKeys
-
-    keys = LeaseKeys({"bench": LEASE_SECRET.encode()}, signing="bench")
-    now = time.time()
-    return keys.sign(LeaseClaims(f"run-{uuid.uuid4().hex[:8]}", AGENT, "default", "0", 0, now, now + 86400))
-
-
-# --------------------------------------------------------------------------------------
-# Statistics and processes
-# --------------------------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float:
-    """User+system CPU time of a process, from /proc (Linux)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-@dataclass
-class Proc:
-    name: str
-    url: str
-    popen: subprocess.Popen[bytes] | None = None
-    headers: dict[str, str] | None = None  #: instead of the benchmark's bearer token
-    tool: str = TOOL  #: the name the server lists the benchmark's tool under
-
-    @property
-    def pid(self) -> int | None:
-        return None if self.popen is None else self.popen.pid
 
 
 # --------------------------------------------------------------------------------------
 # (a), (b): the admission decision
 # --------------------------------------------------------------------------------------
-
-
-@dataclass
-class AdmitStats:
-    admit_us: list[float]
-    both_us: list[float]
-    rt_admit: float = float("nan")
-    rt_both: float = float("nan")
-    wire_admit: float = float("nan")
-    wire_both: float = float("nan")
 
 
 async def _admit_loop(ceilings: Any, identity: Any, n: int) -> tuple[list[float], list[float]]:
@@ -409,112 +212,34 @@ async def bench_redis(url: str, n: int) -> AdmitStats | str:
         await client.aclose()  # a client given to the store is its owner's to close
 
 
+async def bench_rule_cost(redis_url: str, n: int) -> dict[str, tuple[list[float], list[float]]]:
+    """Per store: the seconds of a call without rules and with the five (``tripwires.measure``:
+    plan, admit, judge, release, settle)."""
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    stores = ["memory", "redis"] if rule_cost.redis_answers(redis_url) else ["memory"]
+    for kind in stores:
+        none, _ = await rule_cost.cost(kind, rule_cost.RULES["none"], n, redis_url)
+        five, _ = await rule_cost.cost(kind, rule_cost.RULES["gateway benchmark's five"], n, redis_url)
+        out[kind] = (none, five)
+    return out
+
+
 # --------------------------------------------------------------------------------------
 # (c): tools/call end to end
 # --------------------------------------------------------------------------------------
 
 
 @dataclass
-class VariantStats:
-    latencies_ms: list[float] = field(default_factory=list)
-    rounds_p50: list[float] = field(default_factory=list)
-    throughput: list[float] = field(default_factory=list)  # calls/s per round
-    calls: int = 0
-    upstream_posts: int = 0
-    upstream_served: int = 0
-    proxy_cpu_s: float = 0.0
-    proxy_cpu_calls: int = 0
-    client_cpu_s: float = 0.0
-    errors: int = 0
-    #: The lean client's throughput blocks (``lean_client``): calls/s per round, and the server's
-    #: CPU over them (busy, its caches warm: the cost of a call under load).
-    lean_throughput: list[float] = field(default_factory=list)
-    lean_cpu_s: float = 0.0
-    lean_calls: int = 0
+class Proc:
+    name: str
+    url: str
+    popen: subprocess.Popen[bytes] | None = None
+    headers: dict[str, str] | None = None  #: instead of the benchmark's bearer token
+    tool: str = TOOL  #: the name the server lists the benchmark's tool under
 
-
-class _Renamed:
-    """A client whose calls of the benchmark's tool go to the name a proxy lists it under."""
-
-    def __init__(self, client: Any, tool: str) -> None:
-        self._client, self._tool = client, tool
-
-    async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
-        return await self._client.call_tool(self._tool if name == TOOL else name, arguments)
-
-
-@contextlib.asynccontextmanager
-async def mcp_client(
-    url: str,
-    lease: str | None = None,
-    mode: str = "auto",
-    headers: dict[str, str] | None = None,
-    tool: str = TOOL,
-) -> AsyncIterator[Any]:
-    """The official MCP client over streamable HTTP, with a bearer token (or ``headers``; and
-    ``lease`` in the ``Haltwire-Lease`` header on every request), no response cache; its calls
-    of ``TOOL`` go to ``tool``, the name the server lists it under."""
-    from mcp import Client
-    from mcp.client.streamable_http import streamable_http_client
-
-    headers = dict(headers or {"Authorization": f"Bearer {TOKEN}"})
-    if lease is not None:
-        headers["Haltwire-Lease"] = lease
-    http = httpx2.AsyncClient(
-        headers=headers,
-        timeout=httpx2.Timeout(30.0, read=60.0),
-        limits=httpx2.Limits(max_connections=64, max_keepalive_connections=64),
-    )
-    async with http, Client(streamable_http_client(url, http_client=http), cache=None, mode=mode) as client:
-        # List once, as an agent does: the client validates structured results against the
-        # listed output schema (it would otherwise list on the first call).
-        listed = [t.name for t in (await client.list_tools()).tools]
-        if tool not in listed:
-            raise RuntimeError(f"{url} does not list {tool!r}: {listed}")
-        yield client if tool == TOOL else _Renamed(client, tool)
-
-
-async def one_call(client: Any) -> bool:
-    order = str(next(_orders))
-    result = await client.call_tool(TOOL, {"order_id": order, "amount_cents": AMOUNT_CENTS})
-    return not result.is_error and result.structured_content == {"order_id": order, "status": "shipped"}
-
-
-async def latency_block(client: Any, n: int, stats: VariantStats) -> None:
-    clock = time.perf_counter
-    lat: list[float] = []
-    for _ in range(n):
-        t0 = clock()
-        ok = await one_call(client)
-        lat.append((clock() - t0) * 1000)
-        if not ok:
-            stats.errors += 1
-    stats.latencies_ms += lat
-    stats.rounds_p50.append(statistics.median(lat))
-
-
-async def throughput_block(client: Any, n: int, concurrency: int, stats: VariantStats) -> None:
-    remaining = n
-
-    async def worker() -> None:
-        nonlocal remaining
-        while remaining > 0:
-            remaining -= 1
-            if not await one_call(client):
-                stats.errors += 1
-
-    t0 = time.perf_counter()
-    async with anyio.create_task_group() as tg:
-        for _ in range(concurrency):
-            tg.start_soon(worker)
-    stats.throughput.append(n / (time.perf_counter() - t0))
-
-
-async def upstream_counts(http: httpx2.AsyncClient, base: str) -> tuple[int, int]:
-    """(HTTP POSTs of any kind, tool calls served) at the upstream so far."""
-    posts = (await http.get(f"{base}/requests")).json().get("POST", 0)
-    served = (await http.get(f"{base}/state")).json()["total_served"]
-    return int(posts), int(served)
+    @property
+    def pid(self) -> int | None:
+        return None if self.popen is None else self.popen.pid
 
 
 async def bench_calls(
@@ -639,242 +364,6 @@ async def bench_calls(
                     s.upstream_served += served1 - served0
             info["upstream_requests"] = (await http.get(f"{upstream_base}/requests")).json()
     return stats, info
-
-
-# --------------------------------------------------------------------------------------
-# Report
-# --------------------------------------------------------------------------------------
-
-
-def report_admission(mem: AdmitStats, red: AdmitStats | str, redis_url: str) -> list[tuple[str, bool | None]]:
-    print("(a) in-memory admission decision (Ceilings.admit + Ticket.release on MemoryCounters)")
-    print(f"    iterations: {len(mem.both_us)}")
-    print(
-        f"    admit:           p50 {pct(mem.admit_us, 0.5):7.2f} µs   p99 {pct(mem.admit_us, 0.99):7.2f} µs"
-    )
-    print(f"    admit + release: p50 {pct(mem.both_us, 0.5):7.2f} µs   p99 {pct(mem.both_us, 0.99):7.2f} µs")
-    print()
-    print(f"(b) Redis admission decision (RedisCounters, {redis_url}, unique prefix, keys deleted after)")
-    if isinstance(red, str):
-        print(f"    {red}")
-    else:
-        print(f"    iterations: {len(red.both_us)}")
-        print(
-            f"    admit:           p50 {pct(red.admit_us, 0.5):7.1f} µs   p99 {pct(red.admit_us, 0.99):7.1f} µs"
-        )
-        print(
-            f"    admit + release: p50 {pct(red.both_us, 0.5):7.1f} µs   p99 {pct(red.both_us, 0.99):7.1f} µs"
-        )
-        print(
-            f"    round trips per admission: {red.rt_admit:.2f} (round_trips counter), "
-            f"{red.wire_admit:.2f} (commands written to the socket)"
-        )
-        print(
-            f"    round trips per admit+release: {red.rt_both:.2f} (round_trips counter), "
-            f"{red.wire_both:.2f} (commands written to the socket)"
-        )
-    print()
-    return [("in-memory admission p99 < 50 µs", pct(mem.both_us, 0.99) < 50.0)]
-
-
-async def bench_rule_cost(redis_url: str, n: int) -> dict[str, tuple[list[float], list[float]]]:
-    """Per store: the seconds of a call without rules and with the five (``tripwires.measure``:
-    plan, admit, judge, release, settle)."""
-    out: dict[str, tuple[list[float], list[float]]] = {}
-    stores = ["memory", "redis"] if rule_cost.redis_answers(redis_url) else ["memory"]
-    for kind in stores:
-        none, _ = await rule_cost.cost(kind, rule_cost.RULES["none"], n, redis_url)
-        five, _ = await rule_cost.cost(kind, rule_cost.RULES["gateway benchmark's five"], n, redis_url)
-        out[kind] = (none, five)
-    return out
-
-
-def report_rule_cost(costs: dict[str, tuple[list[float], list[float]]], redis_url: str) -> None:
-    names = ", ".join(str(r["name"]) for r in rule_cost.FIVE)
-    print(f"    the five tripwires' rules ({names}) per call, benchmarks/tripwires.py's measurement")
-    print("    (plan + admit + judge + release + settle, against the same without rules):")
-    for kind, (none, five) in costs.items():
-        us = [1e6 * x for x in none], [1e6 * x for x in five]
-        print(
-            f"      {kind:<6} without p50 {pct(us[0], 0.5):7.1f} µs  p99 {pct(us[0], 0.99):7.1f} µs;  "
-            f"with five p50 {pct(us[1], 0.5):7.1f} µs  p99 {pct(us[1], 0.99):7.1f} µs;  "
-            f"the rules: p50 +{pct(us[1], 0.5) - pct(us[0], 0.5):.1f} µs"
-        )
-    if "redis" not in costs:
-        print(f"      redis  skipped: Redis at {redis_url} does not answer")
-    print()
-
-
-def cpu_ms(s: VariantStats) -> float:
-    """The CPU (ms, user+system) per call of the process the client talked to."""
-    return 1000 * s.proxy_cpu_s / s.proxy_cpu_calls if s.proxy_cpu_calls else float("nan")
-
-
-def issue18_checks(
-    stats: dict[str, VariantStats], p50: dict[str, float], tput: dict[str, float]
-) -> list[tuple[str, bool | None]]:
-    """Issue 18's acceptance, for the variants this run measured."""
-    checks: list[tuple[str, bool | None]] = []
-    if "direct" in stats:
-        for v, who in (("haltwire", "sessionless"), (HANDSHAKE, "session-keeping")):
-            if v in stats:
-                ratio = p50[v] / p50["direct"]
-                checks.append(
-                    (
-                        f"{v} p50 <= {MAX_DIRECT_RATIO:.2f}x direct ({who}): {ratio:.2f}x",
-                        ratio <= MAX_DIRECT_RATIO,
-                    )
-                )
-    for v, most in (("haltwire", MAX_CPU_MS), (TRIPWIRES, MAX_CPU_MS_TRIPWIRES)):
-        if v in stats:
-            ms = cpu_ms(stats[v])
-            checks.append((f"{v} gateway CPU per call <= {most:.2f} ms: {ms:.2f} ms", ms <= most))
-    if "fastmcp" in stats:
-        share, times = p50["haltwire"] / p50["fastmcp"], tput["haltwire"] / tput["fastmcp"]
-        checks.append(
-            (
-                f"haltwire p50 <= {MAX_FASTMCP_P50_SHARE}x fastmcp's: {share:.2f}x",
-                share <= MAX_FASTMCP_P50_SHARE,
-            )
-        )
-        checks.append(
-            (
-                f"haltwire calls/s >= {MIN_FASTMCP_TPUT_RATIO:.0f}x fastmcp's: {times:.2f}x",
-                times >= MIN_FASTMCP_TPUT_RATIO,
-            )
-        )
-        h, f = stats["haltwire"].lean_throughput, stats["fastmcp"].lean_throughput
-        if h and f:
-            lean = statistics.median(h) / statistics.median(f)
-            checks.append(
-                (
-                    f"haltwire calls/s >= {MIN_FASTMCP_TPUT_RATIO:.0f}x fastmcp's, lean client: {lean:.2f}x",
-                    lean >= MIN_FASTMCP_TPUT_RATIO,
-                )
-            )
-    if "contextforge" in stats:
-        share = p50["haltwire"] / p50["contextforge"]
-        checks.append(
-            (
-                f"haltwire p50 <= {MAX_CONTEXTFORGE_P50_SHARE}x contextforge's: {share:.3f}x",
-                share <= MAX_CONTEXTFORGE_P50_SHARE,
-            )
-        )
-    return checks
-
-
-def report_calls(
-    stats: dict[str, VariantStats], opts: argparse.Namespace, info: dict[str, Any]
-) -> list[tuple[str, bool | None]]:
-    print(
-        f"(c) tools/call {TOOL} on loopback, official mcp.Client (streamable HTTP, httpx2, cache=None); "
-        f"{opts.rounds} rounds, interleaved; per round and variant: {opts.calls} sequential calls "
-        f"(latency), then {opts.tput_calls} calls by {opts.concurrency} concurrent tasks (throughput)"
-    )
-    p50 = {v: pct(s.latencies_ms, 0.5) for v, s in stats.items()}
-    p99 = {v: pct(s.latencies_ms, 0.99) for v, s in stats.items()}
-    tput = {v: statistics.median(s.throughput) for v, s in stats.items()}
-    direct = "direct" if "direct" in stats else None
-    header = (
-        f"    {'variant':<12} {'p50 ms':>8} {'p99 ms':>8} {'calls/s':>8} {'p50/direct':>10} "
-        f"{'tput/direct':>11} {'server CPU':>10} {'client CPU':>10} {'lean calls/s':>12} {'loaded CPU':>10} "
-        f"{'upstream req/call':>17} {'spread p50':>13}"
-    )
-    print(header)
-    print("    " + "-" * (len(header) - 4))
-    for v, s in stats.items():
-        r_lat = f"{p50[v] / p50[direct]:.2f}x" if direct else "-"
-        r_tp = f"{tput[v] / tput[direct]:.2f}x" if direct else "-"
-        cpu = f"{1000 * s.proxy_cpu_s / s.proxy_cpu_calls:.2f}" if s.proxy_cpu_calls else "-"
-        client_cpu = f"{1000 * s.client_cpu_s / s.proxy_cpu_calls:.2f}" if s.proxy_cpu_calls else "-"
-        per_call = f"{s.upstream_posts / s.calls:.3f}" if s.calls else "-"
-        spread = f"{min(s.rounds_p50):.2f}-{max(s.rounds_p50):.2f}"
-        lean = f"{statistics.median(s.lean_throughput):.0f}" if s.lean_throughput else "-"
-        loaded = f"{1000 * s.lean_cpu_s / s.lean_calls:.2f}" if s.lean_calls and s.lean_cpu_s else "-"
-        print(
-            f"    {v:<12} {p50[v]:>8.2f} {p99[v]:>8.2f} {tput[v]:>8.0f} {r_lat:>10} {r_tp:>11} "
-            f"{cpu:>10} {client_cpu:>10} {lean:>12} {loaded:>10} {per_call:>17} {spread:>13}"
-        )
-    for v, why in info.get("skipped", {}).items():
-        print(f"    {v:<14} skipped: {why}")
-    print(
-        "    calls/s: median over rounds. server CPU: user+system ms per call of the process the client "
-        "talks to (the upstream for direct, else the proxy), client CPU: of this process, both over the "
-        "latency blocks. spread: lowest and highest per-round p50.\n"
-        f"    lean calls/s: the same {opts.tput_calls} calls per round by {opts.concurrency} tasks as raw JSON-RPC "
-        "POSTs over kept-alive aiohttp connections (benchmarks/lean_client.py), median over rounds: the "
-        "official client's calls/s stop where its own CPU does. loaded CPU: the server's CPU per call "
-        "over those blocks (busy, caches warm)."
-    )
-    by_method = {
-        k.removeprefix("POST "): v
-        for k, v in info.get("upstream_requests", {}).items()
-        if k.startswith("POST ")
-    }
-    print(f"    upstream HTTP POSTs over the whole run (start-ups included), by Mcp-Method: {by_method}")
-    errors = {v: s.errors for v, s in stats.items() if s.errors}
-    if errors:
-        print(f"    ERRORS (unexpected results): {errors}")
-    checks: list[tuple[str, bool | None]] = []
-    if "haltwire" in stats:
-        h = stats["haltwire"]
-        print()
-        print("    haltwire against the others:")
-        for v in stats:
-            if v == "haltwire":
-                continue
-            print(
-                f"      vs {v:<12} p50 {p50['haltwire'] / p50[v]:.2f}x   p99 {p99['haltwire'] / p99[v]:.2f}x   "
-                f"calls/s {tput['haltwire'] / tput[v]:.2f}x"
-            )
-        print()
-        print(
-            f"    upstream requests per tools/call through haltwire: {h.upstream_posts}/{h.calls} = "
-            f"{h.upstream_posts / h.calls:.3f} HTTP POSTs (tool calls served: {h.upstream_served})"
-        )
-        checks.append(
-            ("exactly one upstream request per tools/call", h.upstream_posts == h.calls == h.upstream_served)
-        )
-        for bare in ("bare", "bare+schema"):
-            if bare in stats:
-                checks.append((f"haltwire p50 <= {bare} p50", p50["haltwire"] <= p50[bare]))
-        checks += issue18_checks(stats, p50, tput)
-        if errors:
-            checks.append(("every call answered correctly", False))
-    if "haltwire" in stats and HANDSHAKE in stats:
-        h, hs = stats["haltwire"], stats[HANDSHAKE]
-        cpu_ratio = (hs.proxy_cpu_s / hs.proxy_cpu_calls) / (h.proxy_cpu_s / h.proxy_cpu_calls)
-        print()
-        print(
-            f"    session-keeping client ({HANDSHAKE}) against sessionless (haltwire), same gateway: "
-            f"p50 {p50[HANDSHAKE] / p50['haltwire']:.2f}x, gateway CPU per call {cpu_ratio:.2f}x; "
-            f"target CPU <= {MAX_HANDSHAKE_CPU_RATIO:.2f}x (both on the fast path)"
-        )
-        checks.append(
-            (
-                f"session-keeping clients' gateway CPU per call <= {MAX_HANDSHAKE_CPU_RATIO:.2f}x sessionless",
-                cpu_ratio <= MAX_HANDSHAKE_CPU_RATIO,
-            )
-        )
-    if "haltwire" in stats and TRIPWIRES in stats:
-        ratio = p50[TRIPWIRES] / p50["haltwire"]
-        per_round = [
-            t / h for t, h in zip(stats[TRIPWIRES].rounds_p50, stats["haltwire"].rounds_p50, strict=True)
-        ]
-        print()
-        print(
-            f"    haltwire + 5 tripwires ({TRIPWIRES}, with a lease) against haltwire without rules: "
-            f"p50 {ratio:.3f}x ({p50[TRIPWIRES]:.2f} against {p50['haltwire']:.2f} ms; per round "
-            f"{min(per_round):.2f}-{max(per_round):.2f}x), p99 {p99[TRIPWIRES] / p99['haltwire']:.2f}x, "
-            f"calls/s {tput[TRIPWIRES] / tput['haltwire']:.2f}x; target p50 <= {MAX_TRIPWIRE_RATIO:.2f}x"
-        )
-        checks.append(
-            (
-                f"haltwire + 5 tripwires p50 <= {MAX_TRIPWIRE_RATIO:.2f}x haltwire p50",
-                ratio <= MAX_TRIPWIRE_RATIO,
-            )
-        )
-    return checks
 
 
 async def run(opts: argparse.Namespace) -> int:
