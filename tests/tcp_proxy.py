@@ -35,6 +35,9 @@ class TcpProxy:
         self.target_host, self.target_port = target_host, target_port
         self.port = 0
         self.accepted = 0
+        #: Chunks of bytes the target sent back so far (a client waiting for each answer makes
+        #: one or more per statement; a pipeline's answers come together).
+        self.replies = 0
         self._open = anyio.Event()
         self._open.set()
         self._headers_only = False
@@ -83,6 +86,7 @@ class TcpProxy:
         try:
             async for chunk in source:
                 await self._passable()
+                self.replies += reply
                 if reply and self._headers_only:
                     head, end, _ = chunk.partition(b"\r\n\r\n")
                     await sink.send(head + end)

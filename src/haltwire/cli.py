@@ -116,6 +116,7 @@ def _gateway(args: argparse.Namespace) -> int:
 def _executor(args: argparse.Namespace) -> int:
     from haltwire.executor import ExecutorMisconfigured, UpstreamError, WrongRole, run_executor
     from haltwire.gateway.config import load_config
+    from haltwire.serve import fast_loop
 
     try:
         config = load_config(args.config)
@@ -145,7 +146,7 @@ def _executor(args: argparse.Namespace) -> int:
                 )
 
     try:
-        anyio.run(run)
+        anyio.run(run, backend_options=fast_loop())
     except KeyboardInterrupt:
         return 0
     except (UpstreamError, ExecutorMisconfigured, WrongRole) as exc:
@@ -168,7 +169,7 @@ def _control(args: argparse.Namespace) -> int:
     from haltwire.control.stores import audit_key
     from haltwire.control_processes import serve_agents, serve_main
     from haltwire.listener import check_descriptors
-    from haltwire.serve import CannotListen, listen
+    from haltwire.serve import CannotListen, fast_loop, listen
     from haltwire.store.registry import RegistryUnavailable
 
     try:
@@ -187,7 +188,7 @@ def _control(args: argparse.Namespace) -> int:
     if args.agents_process is not None:  # the child of the command below
         try:
             check_descriptors([section.agent_listener])
-            anyio.run(serve_agents, config, args.agents_process, args.access_log)
+            anyio.run(serve_agents, config, args.agents_process, args.access_log, backend_options=fast_loop())
         except KeyboardInterrupt:
             return 0
         except (ConfigError, RegistryUnavailable) as exc:
@@ -227,7 +228,15 @@ def _control(args: argparse.Namespace) -> int:
 
     try:
         anyio.run(
-            serve_main, config, Path(args.config), sock, admin_sock, enforcement_sock, logs.argv(args), announce
+            serve_main,
+            config,
+            Path(args.config),
+            sock,
+            admin_sock,
+            enforcement_sock,
+            logs.argv(args),
+            announce,
+            backend_options=fast_loop(),
         )
     except KeyboardInterrupt:
         return 0

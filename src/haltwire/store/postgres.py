@@ -5,6 +5,12 @@ one statement or transaction at a time, and replaced on next use after it breaks
 Transactions serialize with other replicas' through transaction-scoped advisory locks named
 for the store and the schema; ``follow`` listens for the NOTIFY that ``Tx.notify`` sends at
 commit. A COMMIT whose answer is lost raises ``RegistryUnavailable`` with ``written=None``.
+
+In a write transaction, a statement that answers nothing (``execute``: an audit record, its
+index rows, most updates) is not sent on its own: it waits for the transaction's next statement
+that answers rows, its next lock or NOTIFY, or its end, and then all that wait go in one
+pipeline (one round trip). They run in the order written; a failure among them surfaces at that
+point, still before COMMIT, and rolls the whole transaction back as before.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ log = logging.getLogger("haltwire.store")
 _LISTEN_RETRY_MIN_S = 0.2
 _LISTEN_RETRY_MAX_S = 5.0
 _BOUND_MAX = 256  # query texts kept bound; the texts of a store are a few dozen
+_DEFERRED_MAX = 200  # statements a write transaction holds back at most before sending them
 PgConn = psycopg.AsyncConnection[tuple[Any, ...]]
 
 
@@ -40,18 +47,44 @@ def advisory_lock(name: str) -> sql.Composed:
 
 
 class _PostgresTx(Tx):
-    def __init__(self, conn: PgConn, db: PostgresDb) -> None:
+    def __init__(self, conn: PgConn, db: PostgresDb, *, deferring: bool = False) -> None:
         self.conn = conn
         self._db = db
+        #: A write transaction's statements that answer nothing, not sent yet (the module's
+        #: docstring); None outside write transactions: every statement is sent at once.
+        self._deferred: list[tuple[sql.Composed, Params]] | None = [] if deferring else None
 
     async def all(self, query: str, params: Params = ()) -> list[Row]:
+        await self.flush()
         cur = await self.conn.execute(self._db.bind(query), params)
         return await cur.fetchall() if cur.description is not None else []
 
+    async def execute(self, query: str, params: Params = ()) -> None:
+        if self._deferred is None:
+            await self.all(query, params)
+            return
+        self._deferred.append((self._db.bind(query), params))
+        if len(self._deferred) >= _DEFERRED_MAX:
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Send the statements waiting, in order, in one pipeline; raises what the first failed with."""
+        if not self._deferred:
+            return
+        waiting, self._deferred = self._deferred, []
+        if len(waiting) == 1:
+            await self.conn.execute(*waiting[0])
+            return
+        async with self.conn.pipeline():
+            for query, params in waiting:
+                await self.conn.execute(query, params)
+
     async def lock(self, name: str, *parts: str) -> None:
+        await self.flush()
         await self.conn.execute(advisory_lock(":".join((f"haltwire.{name}", self._db.schema, *parts))))
 
     async def notify(self, payload: str) -> None:
+        await self.flush()
         await self.conn.execute(self._db.notify_query, (payload,))
 
 
@@ -141,8 +174,10 @@ class PostgresDb(Db):
             try:
                 with anyio.fail_after(self._timeout * 2):
                     conn = await self._began()
+                    tx = _PostgresTx(conn, self, deferring=True)
                     try:
-                        yield _PostgresTx(conn, self)
+                        yield tx
+                        await tx.flush()  # still before COMMIT: a failure here rolls back
                     except BaseException:
                         with anyio.CancelScope(shield=True):
                             try:
