@@ -148,6 +148,9 @@ async def test_up_serves_every_part_and_goes_down_on_sigterm(tmp_path: Path) -> 
             assert path.read_text().strip() in out, f"{name} made now, so printed once"
 
         assert f"Secrets: made now and shown above, once; in {folder}/" in out
+        progress = up.err.read_text()
+        for part in ("operators' listener", "enforcement listener", "agents' listener", "gateway", "executor"):
+            assert re.search(rf"^haltwire up: the (control plane's )?{part} is ready \(", progress, re.M), progress
         urls = dict(re.findall(r"^  (gateway \(MCP\)|control plane, agents|control plane, admin|dashboard|demo upstream)\s+(\S+)", out, re.M))
         assert len(urls) == 5, out
         mcp_url, admin = urls["gateway (MCP)"], urls["control plane, admin"]

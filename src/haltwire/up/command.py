@@ -98,8 +98,8 @@ def _start(processes: Processes, ports: Ports, secrets: Secrets, control_toml: P
     _ready(upstream, f"{url(ports.upstream)}/state")
     # The gateway and the executor need the enforcement listener only; the agents' listener is
     # served by a child process of the control plane's, waited for while they start.
-    for port, listener in ((ports.admin, "operators"), (ports.enforcement, "enforcement")):
-        _ready(control, f"{url(port)}/healthz", f"{listener}' listener")
+    for port, listener in ((ports.admin, "operators' listener"), (ports.enforcement, "enforcement listener")):
+        _ready(control, f"{url(port)}/healthz", listener)
     gateway = spawn("gateway", "-m", "haltwire", "gateway", "--config", str(gateway_toml), env=env)
     executor = spawn("executor", "-m", "haltwire", "executor", "--config", str(gateway_toml), env=env)
     _ready(control, f"{url(ports.control)}/healthz", "agents' listener")
