@@ -29,6 +29,7 @@ from executor_harness import (
 from executor_harness import settled as all_settled
 from haltwire.executor.batches import Batcher
 from haltwire.runtime.client import ControlRefused, ControlUnreachable
+from haltwire.store.intents.tables import SqlIntentStore
 from intents_harness import auth as batch_auth
 from intents_harness import plane, sqlite
 from intents_harness import propose as propose_as
@@ -329,3 +330,52 @@ async def test_a_claim_batch_claims_no_more_than_asked_and_no_intent_twice_on_ea
         assert len(everyone) == len(set(everyone)) == 12
         r = await client.get("/v1/intents", params={"state": "pending"}, headers=batch_auth("operator"))
         assert r.json()["intents"] == []
+
+
+async def test_a_batch_reads_the_intents_it_holds_once(store: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A claim's rows stay locked by its transaction: the turn's checks take them as the claim
+    answered them. A settle batch reads all its intents in one statement. Either is a statement
+    less per intent (a round trip in PostgreSQL). What needs a read still gets one: the check of
+    intents claimed in an earlier transaction, and an intent named twice in one settle batch."""
+    reads: list[str] = []
+    read_one = SqlIntentStore._locked
+
+    async def counted(self: SqlIntentStore, tx: Any, intent_id: str) -> Any:
+        reads.append(intent_id)
+        return await read_one(self, tx, intent_id)
+
+    monkeypatch.setattr(SqlIntentStore, "_locked", counted)
+    async with plane(store) as (client, _):
+        for n in range(6):
+            await propose_as(client, f"k-{n}")
+
+        async def post(path: str, body: dict[str, Any]) -> Any:
+            r = await client.post(path, json=body, headers=batch_auth("executor"))
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        got = (await post("/v1/intent-turns", {"outcomes": [], "claim": 3}))["intents"]
+        assert [(x["status"], x["intent"]["state"]) for x in got] == [(200, "claimed")] * 3
+        assert all(x["intent"]["checked_revision"] is not None for x in got)
+        assert reads == []
+
+        a, b, _ = (x["intent_id"] for x in got)
+        outcomes = [
+            {"intent_id": a, "outcome": {"content": []}},
+            {"intent_id": a, "outcome": {"content": []}},
+            {"intent_id": b, "error": "the shop refused"},
+        ]
+        settled = (await post("/v1/intent-batches/settle", {"outcomes": outcomes}))["results"]
+        assert [(x["status"], (x["intent"] or {}).get("state")) for x in settled] == [
+            (200, "committed"),
+            (409, None),
+            (200, "failed"),
+        ]
+        assert settled[1]["error"]["code"] == "invalid_transition"
+        assert reads == [a]  # only the second outcome of the intent named twice
+
+        claimed = (await post("/v1/intent-batches/claim", {"limit": 3}))["intents"]
+        ids = [i["intent_id"] for i in claimed]
+        checked = (await post("/v1/intent-batches/check", {"intent_ids": ids}))["results"]
+        assert [x["status"] for x in checked] == [200] * 3
+        assert reads == [a, *ids]

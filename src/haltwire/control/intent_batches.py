@@ -110,20 +110,23 @@ async def turn_batch(
         settled = await settle_batch(plane, caller, outcomes) if outcomes else []
         claimed = await claim_batch(plane, caller, limit) if limit else []
         ids = [intent.intent_id for intent in claimed]
-        answers, limited = await _checks(plane, caller, ids, revision)
+        # Claimed in this transaction, so locked by it since: checked as the claim answered them.
+        answers, limited = await _checks(plane, caller, ids, revision, {i.intent_id: i for i in claimed})
     return settled, await _checked_alone(plane, caller, ids, answers, limited)
 
 
 async def _checks(
-    plane: Plane, caller: Caller, intent_ids: list[str], revision: int
+    plane: Plane, caller: Caller, intent_ids: list[str], revision: int, locked: dict[str, Intent] | None = None
 ) -> tuple[dict[str, Answer], list[str]]:
-    """Each intent's check inside the caller's transaction, and those a per-run limit holds."""
+    """Each intent's check inside the caller's transaction, and those a per-run limit holds;
+    ``locked``: intents this transaction has read under its lock already (not read again)."""
     answers: dict[str, Answer] = {}
     limited: list[str] = []
     n = len(intent_ids)
     for intent_id in intent_ids:
         try:
-            answers[intent_id] = Answer(intent_id, await _check_one(plane, caller, intent_id, revision, n))
+            current = (locked or {}).get(intent_id)
+            answers[intent_id] = Answer(intent_id, await _check_one(plane, caller, intent_id, revision, n, current))
         except LimitReached:
             limited.append(intent_id)
         except Refused as exc:
@@ -145,12 +148,16 @@ async def _checked_alone(
     return [answers[i] for i in intent_ids]
 
 
-async def _check_one(plane: Plane, caller: Caller, intent_id: str, revision: int, n: int) -> Intent:
+async def _check_one(
+    plane: Plane, caller: Caller, intent_id: str, revision: int, n: int, current: Intent | None = None
+) -> Intent:
     """One intent's check inside the batch's transaction: the intent as checked, or ``Refused``
-    (``stopped``: cancelled here; ``LimitReached`` for the caller to check it alone)."""
+    (``stopped``: cancelled here; ``LimitReached`` for the caller to check it alone).
+    ``current``: the intent as this transaction last wrote it, under its lock."""
     store = plane.open.intents
     try:
-        intent = await store.get_locked(intent_id)  # read once: ``store.check`` takes it as read
+        # Read once (``store.check`` takes it as read), unless this transaction holds it already.
+        intent = current if current is not None else await store.get_locked(intent_id)
         if intent is None:
             raise intents.unknown(intent_id)
         stopped = intents.cancelled_before_check(intent, caller)
@@ -186,14 +193,19 @@ async def settle_batch(plane: Plane, caller: Caller, outcomes: list[Outcome]) ->
     answers: list[Answer] = []
     n = len(outcomes)
     async with plane.transaction():
+        # Every intent named, read and locked in one statement; each is taken as read once (an
+        # intent named twice is read again for its second outcome, as the route would read it).
+        read = await store.get_locked_many([o.intent_id for o in outcomes])
         for o in outcomes:
             action = "intent.commit" if o.error is None else "intent.fail"
             now = time.time()
+            current = read.pop(o.intent_id, None)
             try:
                 if o.error is None:
-                    intent, reason = await store.commit(o.intent_id, caller.name, o.result, now), "committed"
+                    committed = await store.commit(o.intent_id, caller.name, o.result, now, current)
+                    intent, reason = committed, "committed"
                 else:
-                    intent, reason = await store.fail(o.intent_id, caller.name, o.error, now), o.error
+                    intent, reason = await store.fail(o.intent_id, caller.name, o.error, now, current), o.error
             except UnknownIntent:
                 refused = await plane.refuse(caller, action, o.intent_id, intents.unknown(o.intent_id))
                 answers.append(Answer(o.intent_id, refused=refused))

@@ -64,6 +64,10 @@ class IntentStore(Protocol):
         that transaction ends (PostgreSQL; in SQLite the transaction excludes every writer)."""
         ...
 
+    async def get_locked_many(self, intent_ids: Sequence[str]) -> dict[str, Intent]:
+        """``get_locked`` for several intents in one statement: those that exist, by id."""
+        ...
+
     async def by_key(self, agent: str, idempotency_key: str) -> Intent | None: ...
 
     async def list(
@@ -85,12 +89,18 @@ class IntentStore(Protocol):
         one statement; no two executors claim one intent."""
         ...
 
-    async def commit(self, intent_id: str, executor: str, outcome: Any, now: float) -> Intent:
-        """``claimed`` or ``unknown`` -> ``committed``, by the claiming executor only."""
+    async def commit(
+        self, intent_id: str, executor: str, outcome: Any, now: float, current: Intent | None = None
+    ) -> Intent:
+        """``claimed`` or ``unknown`` -> ``committed``, by the claiming executor only.
+        ``current``: the intent as the caller's transaction read it locked (not read again)."""
         ...
 
-    async def fail(self, intent_id: str, executor: str, error: str, now: float) -> Intent:
-        """``claimed`` or ``unknown`` -> ``failed``, by the claiming executor only."""
+    async def fail(
+        self, intent_id: str, executor: str, error: str, now: float, current: Intent | None = None
+    ) -> Intent:
+        """``claimed`` or ``unknown`` -> ``failed``, by the claiming executor only (``current``:
+        as for ``commit``)."""
         ...
 
     async def mark_unknown(self, executor: str, now: float) -> builtins.list[Intent]:
@@ -259,6 +269,11 @@ def move_params(old: Intent, new: Intent) -> tuple[object, ...]:
 def lost_race(intent_id: str, action: str) -> IntentStateError:
     """The conditional update matched nothing: the state changed under the row lock."""
     return IntentStateError(f"intent {intent_id} changed state concurrently: cannot {action} it")
+
+
+def locked_many_query(ids: Sequence[str]) -> str:
+    """The read of the intents ``ids``, their rows locked (``{intents}`` and ``{for_update}`` unbound)."""
+    return f"SELECT {_COLS} FROM {{intents}} WHERE intent_id IN ({', '.join('?' for _ in ids)}) {{for_update}}"
 
 
 def claim_query(ids: Sequence[str]) -> str:

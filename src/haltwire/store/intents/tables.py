@@ -9,7 +9,7 @@ PostgreSQL ``FOR UPDATE SKIP LOCKED``): two executors claiming at once never cla
 from __future__ import annotations
 
 import builtins
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from haltwire.intents import (
@@ -32,6 +32,7 @@ from haltwire.store.intents import (
     claim_query,
     from_row,
     list_query,
+    locked_many_query,
     lost_race,
     move_params,
 )
@@ -98,9 +99,24 @@ class SqlIntentStore(Store):
         row = await tx.one(QUERIES["get_locked"], (intent_id,))
         return None if row is None else from_row(row)
 
-    async def _move(self, intent_id: str, action: str, executor: str | None = None, **fields: Any) -> Intent:
+    async def get_locked_many(self, intent_ids: Sequence[str]) -> dict[str, Intent]:
+        if not intent_ids:
+            return {}
         async with self._db.write() as tx:
-            current = await self._locked(tx, intent_id)
+            rows = await tx.all(locked_many_query(intent_ids), tuple(intent_ids))
+        return {intent.intent_id: intent for intent in map(from_row, rows)}
+
+    async def _move(
+        self,
+        intent_id: str,
+        action: str,
+        executor: str | None = None,
+        current: Intent | None = None,
+        **fields: Any,
+    ) -> Intent:
+        async with self._db.write() as tx:
+            if current is None:
+                current = await self._locked(tx, intent_id)
             new = moved(current, intent_id, action, executor, **fields)
             assert current is not None
             row = await tx.one(QUERIES["move"], move_params(current, new))
@@ -108,11 +124,15 @@ class SqlIntentStore(Store):
             raise lost_race(intent_id, action)
         return from_row(row)
 
-    async def commit(self, intent_id: str, executor: str, outcome: Any, now: float) -> Intent:
-        return await self._move(intent_id, "commit", claimant(executor), outcome=outcome, updated_at=now)
+    async def commit(
+        self, intent_id: str, executor: str, outcome: Any, now: float, current: Intent | None = None
+    ) -> Intent:
+        return await self._move(intent_id, "commit", claimant(executor), current, outcome=outcome, updated_at=now)
 
-    async def fail(self, intent_id: str, executor: str, error: str, now: float) -> Intent:
-        return await self._move(intent_id, "fail", claimant(executor), error=error, updated_at=now)
+    async def fail(
+        self, intent_id: str, executor: str, error: str, now: float, current: Intent | None = None
+    ) -> Intent:
+        return await self._move(intent_id, "fail", claimant(executor), current, error=error, updated_at=now)
 
     async def mark_unknown(self, executor: str, now: float) -> builtins.list[Intent]:
         return oldest_first(await self._written(QUERIES["mark_unknown"], (now, claimant(executor))))
