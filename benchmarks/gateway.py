@@ -78,7 +78,6 @@ import contextforge
 import tripwires as rule_cost
 from gateway_clients import (
     _orders,
-    cpu_seconds,
     latency_block,
     mcp_client,
     one_call,
@@ -100,7 +99,7 @@ from gateway_common import (
 from gateway_report import report_admission, report_calls, report_rule_cost
 from gateway_servers import gateway_config, lease_token, serve_bare, serve_fastmcp, serve_upstream
 from lean_client import LeanClient
-from procs import HOST, free_port, load_average, processes, spawn, wait_ready
+from procs import HOST, cpu_seconds, free_port, load_average, processes, spawn, wait_ready
 
 SCRIPT = str(Path(__file__).resolve())
 REPO = Path(__file__).resolve().parent.parent

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 import statistics
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -19,15 +17,6 @@ import httpx2
 from gateway_common import AMOUNT_CENTS, TOKEN, TOOL, VariantStats
 
 _orders = itertools.count(1)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User+system CPU time of a process, from /proc (Linux)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class _Renamed:
