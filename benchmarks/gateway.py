@@ -45,9 +45,10 @@ in this one, so no two of them share an interpreter. The variants are interleave
 rounds, in a rotating order, so a slow moment of the machine lands on all of them.
 
 The "Targets" section lists what held: issue 18's ratios (haltwire over direct, for
-sessionless and session-keeping clients; the gateway's CPU per call; against FastMCP and, when
-installed, ContextForge), the five rules' cost, and what each call must cost the upstream. The
-script exits 1 when a target it prints was missed.
+sessionless and session-keeping clients; the gateway's CPU per call, sequential and loaded;
+against FastMCP, throughput with both clients, and, when installed, ContextForge), the five
+rules' cost, and what each call must cost the upstream. The script exits 1 when a target it
+prints was missed.
 
 The upstream is the demo upstream (``haltwire demo upstream``: ``DemoUpstream`` on uvicorn),
 here under a thin ASGI wrapper that counts the HTTP requests it receives

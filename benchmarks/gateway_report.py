@@ -97,6 +97,10 @@ def issue18_checks(
         if v in stats:
             ms = cpu_ms(stats[v])
             checks.append((f"{v} gateway CPU per call <= {most:.2f} ms: {ms:.2f} ms", ms <= most))
+            s = stats[v]
+            if s.lean_calls and s.lean_cpu_s:  # the same bound, busy (the lean client's blocks)
+                loaded = 1000 * s.lean_cpu_s / s.lean_calls
+                checks.append((f"{v} gateway CPU per call <= {most:.2f} ms, loaded: {loaded:.2f} ms", loaded <= most))
     if "fastmcp" in stats:
         share, times = p50["haltwire"] / p50["fastmcp"], tput["haltwire"] / tput["fastmcp"]
         checks.append(
