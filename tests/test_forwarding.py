@@ -10,6 +10,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from haltwire.listener import ListenerLimits, Parser
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
 
 pytestmark = pytest.mark.anyio
@@ -105,9 +106,22 @@ async def test_a_hung_upstream_is_cut_at_the_deadline_and_the_slot_comes_back() 
                         await anyio.sleep(0.02)
 
 
-async def test_a_client_that_disconnects_cancels_the_upstream_call() -> None:
+#: Served as ``haltwire gateway`` serves (the listener tells the call its client is gone), and
+#: by uvicorn's own protocols (a task watches ``receive``).
+LISTENERS = pytest.mark.parametrize(
+    ("limits", "parser"),
+    [(ListenerLimits(), "httptools"), (ListenerLimits(), "h11"), (None, "auto")],
+    ids=["haltwire-listener", "haltwire-listener-h11", "uvicorn"],
+)
+
+
+@LISTENERS
+async def test_a_client_that_disconnects_cancels_the_upstream_call(
+    limits: ListenerLimits | None, parser: Parser
+) -> None:
     async with running_upstream() as (demo, up):
-        async with running_gateway(config_dict(up, limits={"max_in_flight": 1})) as (app, url):
+        config = config_dict(up, limits={"max_in_flight": 1})
+        async with running_gateway(config, limits=limits, parser=parser) as (app, url):
             async with connect(url, TOKENS["ops-bot"]) as client:
                 with anyio.move_on_after(0.5):  # the agent gives up: its HTTP request is closed
                     await client.call_tool("sleep", {"seconds": 30})

@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -29,7 +30,7 @@ from control_harness import TOKEN, auth, config_dict
 from gateway_processes import Processes, spawn_gateways, spawn_upstream, wait_ready
 from haltwire.config import ConfigError
 from haltwire.control import AdminOnly, EnforcementOnly, create_app, parse_control_config
-from haltwire.listener import InFlightCap, ListenerLimits, Parser
+from haltwire.listener import ON_DISCONNECT, InFlightCap, ListenerLimits, Parser
 from haltwire.serve import serving
 
 pytestmark = pytest.mark.anyio
@@ -108,6 +109,69 @@ async def test_a_request_being_answered_is_not_cut_by_the_header_timeout(parser:
         assert answer.startswith(b"HTTP/1.1 200"), answer
         assert await closed_by_peer(stream, within=3), "an idle kept-alive connection is timed out"
         await stream.aclose()
+
+
+@PARSERS
+async def test_a_connection_answered_again_and_again_outlives_its_first_deadline(parser: Parser) -> None:
+    """Each answer moves the head deadline (the timer set at the opening does not close the
+    connection while later answers keep it current); once idle, the last answer's deadline holds."""
+
+    async def ok(request: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+    app = Starlette(routes=[Route("/", ok)])
+    async with serving(
+        app, limits=ListenerLimits(header_timeout_s=0.4), lifespan="off", parser=parser
+    ) as url:
+        stream = await anyio.connect_tcp("127.0.0.1", port_of(url))
+        started = time.monotonic()
+        while time.monotonic() - started < 1.5:  # past three header timeouts, one request at a time
+            await stream.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = await stream.receive()
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+            await anyio.sleep(0.1)
+        idle_from = time.monotonic()
+        assert await closed_by_peer(stream, within=3), "idle past the last answer's deadline: closed"
+        assert 0.2 < time.monotonic() - idle_from < 1.5
+        await stream.aclose()
+
+
+async def test_a_request_is_told_when_its_client_is_gone_and_only_then() -> None:
+    """``ON_DISCONNECT``: told at once when the client went before the request asked; told when
+    the connection is lost mid-answer; not told once its answer was written and it forgot."""
+    told: dict[str, list[str]] = {}
+    asked: dict[str, anyio.Event] = {}
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        name = scope["path"].strip("/")
+        on_disconnect = scope["extensions"][ON_DISCONNECT]
+        told[name] = []
+        if name == "late":
+            await anyio.sleep(0.5)  # the client has gone meanwhile
+        forget = on_disconnect(lambda: told[name].append("gone"))
+        asked.setdefault(name, anyio.Event()).set()
+        if name == "answered":
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+            await send({"type": "http.response.body", "body": b"ok"})
+            forget()
+            return
+        await anyio.sleep(2)
+        forget()
+
+    async with serving(app, limits=ListenerLimits(), lifespan="off", parser="httptools") as url:
+        for name in ("late", "mid", "answered"):
+            asked[name] = anyio.Event()
+            stream = await anyio.connect_tcp("127.0.0.1", port_of(url))
+            await stream.send(f"GET /{name} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            if name == "answered":
+                assert (await stream.receive()).startswith(b"HTTP/1.1 200")
+            elif name == "mid":
+                await asked[name].wait()
+            await stream.aclose()
+            with anyio.fail_after(3):
+                await asked[name].wait()
+            await anyio.sleep(0.1)
+        assert told == {"late": ["gone"], "mid": ["gone"], "answered": []}
 
 
 async def test_past_the_in_flight_cap_a_request_is_answered_503_at_once_and_streams_are_exempt() -> None:

@@ -11,7 +11,9 @@ guards one socket, in this order:
 3. a kept-alive connection idle for ``idle_timeout_s`` is closed (uvicorn's keep-alive timeout);
 4. (the control plane's listeners) past ``max_in_flight`` requests being answered at once, a
    request is answered 503 at once, ``retryable`` with ``Retry-After``; streams (the watch) are
-   bounded by the connection cap instead, since each is in flight for as long as it is open.
+   bounded by the connection cap instead, since each is in flight for as long as it is open;
+5. (httptools) a request can ask to be told when its client disconnects (``ON_DISCONNECT``),
+   so a call is cancelled then without a task per request awaiting ``receive``.
 """
 
 from __future__ import annotations
@@ -73,6 +75,13 @@ def check_descriptors(listeners: Sequence[ListenerLimits], pool: int = 0) -> int
 
 Parser = Literal["auto", "httptools", "h11"]
 
+#: The scope extension by which a request of the httptools listener asks to be told, without a
+#: task awaiting ``receive``, that its client went away before its answer was complete:
+#: ``forget = scope["extensions"][ON_DISCONNECT](callback)``; ``callback`` is called at once
+#: if the client has already gone. ``forget()`` once the answer is written.
+ON_DISCONNECT: Final = "haltwire.on_disconnect"
+OnDisconnect = Callable[[Callable[[], None]], Callable[[], None]]
+
 
 def guarded_protocol(limits: ListenerLimits, parser: Parser = "auto") -> type[asyncio.Protocol]:
     """uvicorn's HTTP/1.1 protocol with steps 1 and 2 of the module's docstring: on httptools'
@@ -83,21 +92,31 @@ def guarded_protocol(limits: ListenerLimits, parser: Parser = "auto") -> type[as
     return _on_h11(limits)
 
 
+#: How early a timer may fire (uvloop's clock and timers count whole milliseconds).
+_TIMER_SLACK_S: Final = 0.002
+
+
 class _HeadDeadline:
     """Step 2 for one connection: closed unless a whole request head comes within
     ``header_timeout_s`` of its opening or of its last answer; ``waiting`` says whether the
-    connection is still waiting for one (a request being answered is never cut)."""
+    connection is still waiting for one (a request being answered is never cut).
+
+    Re-arming only moves the due time: the one pending timer, when it fires early, is set again
+    for it. An answer then costs no new timer (a kept-alive connection re-arms on every answer).
+    """
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, limits: ListenerLimits, transport: asyncio.Transport
     ) -> None:
         self._loop, self._timeout_s, self._transport = loop, limits.header_timeout_s, transport
         self._timer: asyncio.TimerHandle | None = None
+        self._due = 0.0
         self.waiting: Callable[[], bool] = lambda: True
 
     def arm(self) -> None:
-        self.disarm()
-        self._timer = self._loop.call_later(self._timeout_s, self._overdue)
+        self._due = self._loop.time() + self._timeout_s
+        if self._timer is None:
+            self._timer = self._loop.call_at(self._due, self._overdue)
 
     def disarm(self) -> None:
         if self._timer is not None:
@@ -105,7 +124,12 @@ class _HeadDeadline:
             self._timer = None
 
     def _overdue(self) -> None:
-        if self.waiting() and not self._transport.is_closing():
+        self._timer = None
+        if not self.waiting():
+            return  # being answered: the answer arms it again
+        if self._due - self._loop.time() > _TIMER_SLACK_S:  # re-armed since this timer was set
+            self._timer = self._loop.call_at(self._due, self._overdue)
+        elif not self._transport.is_closing():
             self._transport.close()
 
 
@@ -193,9 +217,17 @@ def _on_httptools(limits: ListenerLimits) -> type[asyncio.Protocol]:
                 self._deadline.waiting = lambda: self._awaiting_head
                 self._deadline.arm()
 
+        _lost: _LostCallbacks | None = None
+
         def on_headers_complete(self) -> None:
             self._awaiting_head = False
             super().on_headers_complete()
+            cycle = self.cycle
+            if cycle is not None and cycle.scope is self.scope:  # not an upgrade: a request
+                if self._lost is None:
+                    self._lost = _LostCallbacks()
+                extensions: dict[str, Any] = cast(Scope, self.scope).setdefault("extensions", {})
+                extensions[ON_DISCONNECT] = self._lost.watch(lambda: cycle.disconnected)
 
         def on_response_complete(self) -> None:
             pipelined = bool(self.pipeline)  # a request whose head came is answered next
@@ -208,8 +240,44 @@ def _on_httptools(limits: ListenerLimits) -> type[asyncio.Protocol]:
             if self._deadline is not None:
                 self._deadline.disarm()
             super().connection_lost(exc)
+            if self._lost is not None:
+                self._lost.fire()
 
     return Guarded
+
+
+class _LostCallbacks:
+    """Step 5 for one connection: the callbacks its requests registered through ``ON_DISCONNECT``,
+    called once it is lost, each if its request had not been answered whole by then."""
+
+    def __init__(self) -> None:
+        self._callbacks: dict[int, tuple[Callable[[], bool], Callable[[], None]]] = {}
+        self._next = 0
+
+    def watch(self, disconnected: Callable[[], bool]) -> OnDisconnect:
+        def on_disconnect(callback: Callable[[], None]) -> Callable[[], None]:
+            if disconnected():  # lost before it asked
+                callback()
+                return _nothing
+            key = self._next = self._next + 1
+            self._callbacks[key] = (disconnected, callback)
+
+            def forget() -> None:
+                self._callbacks.pop(key, None)
+
+            return forget
+
+        return on_disconnect
+
+    def fire(self) -> None:
+        callbacks, self._callbacks = self._callbacks, {}
+        for disconnected, callback in callbacks.values():
+            if disconnected():
+                callback()
+
+
+def _nothing() -> None:
+    pass
 
 
 class InFlightCap:

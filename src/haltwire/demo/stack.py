@@ -19,6 +19,7 @@ from haltwire.gateway import create_app
 from haltwire.gateway.app import GatewayApp
 from haltwire.gateway.ceilings import Clock
 from haltwire.gateway.config import parse_config
+from haltwire.listener import ListenerLimits, Parser
 from haltwire.serve import serving
 from haltwire.store.counters import CounterStore
 
@@ -98,11 +99,14 @@ async def running_gateway(
     clock: Clock | None = None,
     store: CounterStore | None = None,
     source: str = "<demo config>",
+    limits: ListenerLimits | None = None,
+    parser: Parser = "auto",
 ) -> AsyncIterator[tuple[GatewayApp, str]]:
-    """A gateway built from a config dict; yields the app and its MCP endpoint URL."""
+    """A gateway built from a config dict; yields the app and its MCP endpoint URL (``limits``
+    and ``parser``: ``serving``'s; ``haltwire gateway`` serves with its ``[gateway.listener]``)."""
     config = parse_config(data, source)
     app = create_app(config, store=store) if clock is None else create_app(config, store=store, clock=clock)
     async with AsyncExitStack() as stack:
         await app.start(stack)
-        async with serving(app) as url:
+        async with serving(app, limits=limits, parser=parser) as url:
             yield app, f"{url}/mcp"

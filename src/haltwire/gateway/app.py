@@ -28,9 +28,9 @@ upstreams connected and its stops current, else 503 naming what is missing (read
 ``haltwire.gateway.readiness``). ``haltwire gateway`` serves its port while it starts, so both answer then;
 a request to ``/mcp`` that comes before the start has finished waits for it.
 
-Cancellation: a watcher of the client's connection runs beside the pipeline (a plain task,
-``wire.until_disconnect``; with a progress token, a task group that also streams the progress
-notifications). When the client disconnects, the watcher cancels the call, which cancels the upstream
+Cancellation: the listener tells the call when its client's connection is lost
+(``wire.until_disconnect``; under another ASGI server a watcher of the connection runs beside it,
+a plain task; with a progress token, a task group that also streams the progress notifications). When the client disconnects, the watcher cancels the call, which cancels the upstream
 request (the upstream sees its stream close) and releases the slot."""
 
 from __future__ import annotations
@@ -362,6 +362,7 @@ class GatewayApp:
             meta,
             token,
             wants_progress,
+            scope,
             receive,
             send,
             lease_header,
@@ -379,6 +380,7 @@ class GatewayApp:
         meta: dict[str, Any] | None,
         token: Any,
         wants_progress: bool,
+        scope: Scope,
         receive: Receive,
         send: Send,
         lease_header: str | None = None,
@@ -397,7 +399,7 @@ class GatewayApp:
             result, committed_sse = await with_progress(call, token, receive, send)
         else:
             # No progress to stream: the call runs in this task, cancelled if the client goes.
-            result, committed_sse = await until_disconnect(call(None), receive), False
+            result, committed_sse = await until_disconnect(call(None), receive, scope), False
         if result is None:
             return  # the client went away; nothing to answer
         if legacy_version is not None:

@@ -9,9 +9,10 @@ from collections.abc import Awaitable
 from typing import Any, Final, TypeVar
 
 import anyio
-from starlette.types import Message, Receive, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from haltwire import jsonwire
+from haltwire.listener import ON_DISCONNECT
 from haltwire.refusal import Refusal
 
 T = TypeVar("T")
@@ -90,15 +91,26 @@ def sse_message(message: dict[str, Any]) -> bytes:
     return b"event: message\r\ndata: %s\r\n\r\n" % jsonwire.dumps(message)
 
 
-async def until_disconnect(call: Awaitable[T], receive: Receive) -> T | None:
-    """``call``'s answer, or None when the client disconnects first (``call`` is then cancelled).
+async def until_disconnect(call: Awaitable[T], receive: Receive, http: Scope | None = None) -> T | None:
+    """``call``'s answer, or None when the client disconnects first (``call`` is then cancelled
+    through a cancel scope, so the upstream request is cancelled and the slot released exactly
+    as a deadline would).
 
-    One plain task watches the connection (no task group, no stream: this is every tool call's
-    path). Its owner is this function: it is cancelled as soon as ``call`` ends, either way.
-    The watcher cancels ``call`` through a cancel scope, so the upstream request is cancelled
-    and the slot released exactly as a deadline would.
+    Served by haltwire's listener (``http``'s ``ON_DISCONNECT`` extension), the connection's loss
+    cancels it directly. Elsewhere one plain task watches the connection (no task group, no
+    stream: this is every tool call's path); its owner is this function, which cancels it as
+    soon as ``call`` ends, either way.
     """
     scope = anyio.CancelScope()
+    on_disconnect = http.get("extensions", {}).get(ON_DISCONNECT) if http is not None else None
+    if on_disconnect is not None:
+        forget = on_disconnect(scope.cancel)
+        try:
+            with scope:
+                return await call
+            return None  # the client went away
+        finally:
+            forget()
 
     async def watch() -> None:
         while (await receive())["type"] != "http.disconnect":
