@@ -67,6 +67,7 @@ from procs import (
     HOST,
     free_port,
     load_average,
+    machine_speed,
     pct,
     processes,
     run_benchmark,
@@ -620,7 +621,7 @@ async def run(opts: argparse.Namespace) -> int:
     print(
         f"haltwire executor benchmark ({'quick' if opts.quick else 'full'} run), "
         f"Python {sys.version.split()[0]}, "
-        f"load average {load_average()} at the start"
+        f"load average {load_average()} at the start; {machine_speed()}"
     )
     print(
         f"    haltwire control ({'PostgreSQL' if opts.backend == 'postgres' else 'SQLite'}), "
@@ -642,7 +643,7 @@ async def run(opts: argparse.Namespace) -> int:
     for what, ok in targets:
         print(f"    [{'info' if ok is None else 'met' if ok else 'MISSED'}] {what}")
     print()
-    print(f"(took {time.monotonic() - t0:.0f} s; load average {load_average()} at the end)")
+    print(f"(took {time.monotonic() - t0:.0f} s; load average {load_average()} at the end; {machine_speed()})")
     return 1 if any(ok is False for _, ok in targets) else 0
 
 

@@ -100,7 +100,7 @@ from gateway_common import (
 from gateway_report import report_admission, report_calls, report_rule_cost
 from gateway_servers import gateway_config, lease_token, serve_bare, serve_fastmcp, serve_upstream
 from lean_client import LeanClient
-from procs import HOST, cpu_seconds, free_port, load_average, processes, spawn, wait_ready
+from procs import HOST, cpu_seconds, free_port, load_average, machine_speed, processes, spawn, wait_ready
 
 SCRIPT = str(Path(__file__).resolve())
 REPO = Path(__file__).resolve().parent.parent
@@ -370,7 +370,7 @@ async def run(opts: argparse.Namespace) -> int:
     t0 = time.monotonic()
     print(
         f"haltwire benchmark ({'quick' if opts.quick else 'full'} run), Python {sys.version.split()[0]}, "
-        f"{os.cpu_count()} CPUs, load average {load_average()} at the start"
+        f"{os.cpu_count()} CPUs, load average {load_average()} at the start; {machine_speed()}"
     )
     print()
     mem = await bench_memory(opts.admit_n)
@@ -386,7 +386,7 @@ async def run(opts: argparse.Namespace) -> int:
     for what, ok in checks:
         print(f"    [{'met' if ok else 'MISSED'}] {what}")
     print()
-    print(f"(took {time.monotonic() - t0:.0f} s; load average {load_average()} at the end)")
+    print(f"(took {time.monotonic() - t0:.0f} s; load average {load_average()} at the end; {machine_speed()})")
     missed = [what for what, ok in checks if ok is False]
     print(f"{len(missed)} of {len(checks)} targets missed" if missed else f"every target met ({len(checks)})")
     return 1 if missed else 0
