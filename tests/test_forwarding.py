@@ -10,6 +10,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from crowd import call_body, call_headers
 from haltwire.listener import ListenerLimits, Parser
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
 
@@ -131,6 +132,33 @@ async def test_a_client_that_disconnects_cancels_the_upstream_call(
                     while app.gateway.ceilings.store.in_flight("ops-bot:f"):  # type: ignore[attr-defined]
                         await anyio.sleep(0.02)
                 assert not (await client.call_tool("lookup_order", {})).is_error
+    assert demo.in_flight == 0
+
+
+async def test_a_client_that_pipelines_calls_and_disconnects_cancels_the_call_being_answered() -> None:
+    """uvicorn marks only the request read last as disconnected; the listener tells the one being
+    answered (the first of two pipelined calls) all the same."""
+    async with running_upstream() as (demo, up):
+        config = config_dict(up, limits={"max_in_flight": 2})
+        async with running_gateway(config, limits=ListenerLimits()) as (app, url):
+            host, port = url.removeprefix("http://").split("/")[0].split(":")
+            head = "".join(f"{k}: {v}\r\n" for k, v in call_headers(TOKENS["ops-bot"], "sleep").items())
+            requests = b""
+            for request_id in (1, 2):
+                body = call_body(request_id, "sleep", {"seconds": 30})
+                requests += f"POST /mcp HTTP/1.1\r\nHost: {host}:{port}\r\n{head}".encode()
+                requests += b"content-length: %d\r\n\r\n%s" % (len(body), body)
+            stream = await anyio.connect_tcp(host, int(port))
+            await stream.send(requests)  # both at once: the second waits behind the first
+            with anyio.fail_after(5):
+                while demo.in_flight < 1:
+                    await anyio.sleep(0.02)
+            await stream.aclose()
+            with anyio.fail_after(5):
+                while demo.cancelled["sleep"] < 1:  # the upstream saw the first call cancelled
+                    await anyio.sleep(0.02)
+                while app.gateway.ceilings.store.in_flight("ops-bot:f"):  # type: ignore[attr-defined]
+                    await anyio.sleep(0.02)
     assert demo.in_flight == 0
 
 

@@ -227,7 +227,7 @@ def _on_httptools(limits: ListenerLimits) -> type[asyncio.Protocol]:
                 if self._lost is None:
                     self._lost = _LostCallbacks()
                 extensions: dict[str, Any] = cast(Scope, self.scope).setdefault("extensions", {})
-                extensions[ON_DISCONNECT] = self._lost.watch(lambda: cycle.disconnected)
+                extensions[ON_DISCONNECT] = self._lost.watch(lambda: cycle.response_complete)
 
         def on_response_complete(self) -> None:
             pipelined = bool(self.pipeline)  # a request whose head came is answered next
@@ -248,19 +248,22 @@ def _on_httptools(limits: ListenerLimits) -> type[asyncio.Protocol]:
 
 class _LostCallbacks:
     """Step 5 for one connection: the callbacks its requests registered through ``ON_DISCONNECT``,
-    called once it is lost, each if its request had not been answered whole by then."""
+    called once it is lost, each if its request had not been answered whole by then. That is
+    judged per request, not by uvicorn's ``disconnected`` flag, which a lost connection sets
+    only on the request read last: with pipelined requests, not on the one being answered."""
 
     def __init__(self) -> None:
         self._callbacks: dict[int, tuple[Callable[[], bool], Callable[[], None]]] = {}
         self._next = 0
+        self._lost = False
 
-    def watch(self, disconnected: Callable[[], bool]) -> OnDisconnect:
+    def watch(self, answered: Callable[[], bool]) -> OnDisconnect:
         def on_disconnect(callback: Callable[[], None]) -> Callable[[], None]:
-            if disconnected():  # lost before it asked
+            if self._lost and not answered():  # lost before it asked
                 callback()
                 return _nothing
             key = self._next = self._next + 1
-            self._callbacks[key] = (disconnected, callback)
+            self._callbacks[key] = (answered, callback)
 
             def forget() -> None:
                 self._callbacks.pop(key, None)
@@ -270,9 +273,10 @@ class _LostCallbacks:
         return on_disconnect
 
     def fire(self) -> None:
+        self._lost = True
         callbacks, self._callbacks = self._callbacks, {}
-        for disconnected, callback in callbacks.values():
-            if disconnected():
+        for answered, callback in callbacks.values():
+            if not answered():
                 callback()
 
 
