@@ -26,6 +26,7 @@ from haltwire.gateway import create_app
 from haltwire.gateway.app import GatewayApp
 from haltwire.gateway.config import parse_config
 from haltwire.identity import Identity
+from haltwire.listener import ListenerLimits
 from haltwire.serve import serving
 from haltwire.tokens import LeaseClaims, LeaseKeys
 from harness import TOKENS, config_dict, running_upstream
@@ -119,11 +120,13 @@ async def model_stack(
     provider_url: str | None = None,
     prices: dict[str, Any] | None = None,
     model_options: dict[str, Any] | None = None,
+    listener: ListenerLimits | None = None,
     **sections: Any,
 ) -> AsyncIterator[Stack]:
     """The scripted provider, a demo upstream, a gateway routing ``gpt-test`` and ``scripted-*`` to
     the provider (``provider_url`` instead: another one), and with ``control`` a control plane;
-    with ``runs`` the demo's control plane, which grants ops-bot leases the gateway verifies."""
+    with ``runs`` the demo's control plane, which grants ops-bot leases the gateway verifies. With
+    ``listener``, the gateway is served on haltwire's listener, as ``haltwire gateway`` serves it."""
     os.environ[KEY_ENV] = PROVIDER_KEY
     provider = ScriptedProvider()
     async with AsyncExitStack() as stack:
@@ -146,7 +149,7 @@ async def model_stack(
         app = create_app(parse_config(config_dict(up, **sections)))
         await app.start(stack)
         counted = Counted(app)
-        url = await stack.enter_async_context(serving(counted))
+        url = await stack.enter_async_context(serving(counted, limits=listener))
         built = Stack(provider, app, counted, f"{url}/v1", cp, operator)
         try:
             yield built

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
 import anyio
+import httpx2
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -132,6 +134,28 @@ async def test_a_client_that_disconnects_cancels_the_upstream_call(
                     while app.gateway.ceilings.store.in_flight("ops-bot:f"):  # type: ignore[attr-defined]
                         await anyio.sleep(0.02)
                 assert not (await client.call_tool("lookup_order", {})).is_error
+    assert demo.in_flight == 0
+
+
+@LISTENERS
+async def test_a_client_that_asked_for_progress_and_disconnects_cancels_the_upstream_call(
+    limits: ListenerLimits | None, parser: Parser
+) -> None:
+    """With a progress token the call runs beside its stream of notifications: a client gone
+    before the answer cancels it all the same."""
+    async with running_upstream() as (demo, up):
+        config = config_dict(up, limits={"max_in_flight": 1})
+        async with running_gateway(config, limits=limits, parser=parser) as (app, url):
+            body = json.loads(call_body(1, "sleep", {"seconds": 30}))
+            body["params"]["_meta"]["progressToken"] = "p-1"
+            async with httpx2.AsyncClient(timeout=10) as http:
+                with anyio.move_on_after(0.5):  # the agent gives up: its request is closed
+                    await http.post(url, content=json.dumps(body), headers=call_headers(TOKENS["ops-bot"], "sleep"))
+            with anyio.fail_after(5):
+                while demo.cancelled["sleep"] < 1:
+                    await anyio.sleep(0.02)
+                while app.gateway.ceilings.store.in_flight("ops-bot:f"):  # type: ignore[attr-defined]
+                    await anyio.sleep(0.02)
     assert demo.in_flight == 0
 
 

@@ -21,6 +21,7 @@ from haltwire.gateway import create_app
 from haltwire.gateway.config import parse_config
 from haltwire.gateway.killswitch import write_suspensions
 from haltwire.gateway.usage import Usage
+from haltwire.listener import ListenerLimits
 from haltwire.runtime import ControlClient, Lease
 from harness import TOKENS, config_dict, connect
 from model_provider import chat_events
@@ -295,8 +296,11 @@ async def test_a_stop_cuts_an_open_stream_and_the_provider_sees_the_close(tmp_pa
                 await anyio.sleep(0.05)
 
 
-async def test_a_client_that_hangs_up_closes_the_providers_stream(tmp_path: Path) -> None:
-    async with model_stack(tmp_path) as s:
+@pytest.mark.parametrize("listener", [ListenerLimits(), None], ids=["haltwire-listener", "uvicorn"])
+async def test_a_client_that_hangs_up_closes_the_providers_stream(
+    tmp_path: Path, listener: ListenerLimits | None
+) -> None:
+    async with model_stack(tmp_path, listener=listener) as s:
         stream = await s.client().chat.completions.create(model="scripted-hang", messages=MESSAGES, stream=True)
         events = aiter(stream)
         await anext(events)

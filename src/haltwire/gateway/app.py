@@ -28,10 +28,10 @@ upstreams connected and its stops current, else 503 naming what is missing (read
 ``haltwire.gateway.readiness``). ``haltwire gateway`` serves its port while it starts, so both answer then;
 a request to ``/mcp`` that comes before the start has finished waits for it.
 
-Cancellation: the listener tells the call when its client's connection is lost
-(``wire.until_disconnect``; under another ASGI server a watcher of the connection runs beside it,
-a plain task; with a progress token, a task group that also streams the progress notifications). When the client disconnects, the watcher cancels the call, which cancels the upstream
-request (the upstream sees its stream close) and releases the slot."""
+Cancellation: a client that disconnects before its answer cancels the call (``wire.DisconnectWatch``:
+haltwire's listener says when the connection is lost; under another ASGI server a plain task
+watches ``receive``), with a progress token the task group that also streams the notifications;
+that cancels the upstream request (the upstream sees its stream close) and releases the slot."""
 
 from __future__ import annotations
 
@@ -396,7 +396,7 @@ class GatewayApp:
                 return exc
 
         if wants_progress:
-            result, committed_sse = await with_progress(call, token, receive, send)
+            result, committed_sse = await with_progress(call, token, receive, send, scope)
         else:
             # No progress to stream: the call runs in this task, cancelled if the client goes.
             result, committed_sse = await until_disconnect(call(None), receive, scope), False

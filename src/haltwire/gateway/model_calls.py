@@ -64,7 +64,7 @@ import anyio
 from starlette.types import Receive, Scope, Send
 
 from haltwire import jsonwire, refusal
-from haltwire.errors import describe, unwrapped
+from haltwire.errors import describe
 from haltwire.gateway.models import (
     PROVIDER_ERRORS,
     EventSplitter,
@@ -79,7 +79,7 @@ from haltwire.gateway.outcomes import CallReports, Outcome
 from haltwire.gateway.proxy import FAILED, RELEASE_TIMEOUT_S, Gateway, released
 from haltwire.gateway.relay import Relay, respond
 from haltwire.gateway.usage import Tokens, Usage, UsageCounts, answer_tokens, wants_usage
-from haltwire.gateway.wire import BodyTooLarge, read_body
+from haltwire.gateway.wire import BodyTooLarge, DisconnectWatch, read_body
 from haltwire.identity import Identity
 from haltwire.limits import MAX_NAME_CHARS, has_control_characters
 from haltwire.logs import log_refusal
@@ -302,23 +302,20 @@ class ModelCalls:
         result: dict[str, Any] | Refusal | None = None
         gone = False
 
-        async def watch_disconnect(group: anyio.CancelScope) -> None:
+        exchange = anyio.CancelScope()  # cut when the client goes
+
+        def went() -> None:
             nonlocal gone
-            while (await receive())["type"] != "http.disconnect":
-                pass
             if relay.ended:
                 return  # the answer is over (the server says "disconnect" from then on): served
             gone = True
-            group.cancel()
+            exchange.cancel()
 
         headers = forwarded_headers(scope["headers"])
         try:
             with call.scope if call is not None else contextlib.nullcontext(), anyio.fail_after(deadline_s):
-                with unwrapped():
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(watch_disconnect, tg.cancel_scope)
-                        await self._exchange(provider, path, body, headers, relay)
-                        tg.cancel_scope.cancel()
+                with DisconnectWatch(scope, receive, went), exchange:
+                    await self._exchange(provider, path, body, headers, relay)
                 if not gone:
                     outcome = "completed" if relay.status == 200 else "failed"
                     result = SERVED if relay.status == 200 else FAILED

@@ -7,9 +7,9 @@ from typing import Any, Final
 
 import anyio
 from mcp.shared.exceptions import MCPError
-from starlette.types import Receive, Send
+from starlette.types import Receive, Scope, Send
 
-from haltwire.gateway.wire import sse_message
+from haltwire.gateway.wire import DisconnectWatch, sse_message
 from haltwire.refusal import Refusal
 from haltwire.upstreams.http import Progress
 
@@ -24,13 +24,17 @@ SSE_HEADERS: Final = [
 
 
 async def with_progress(
-    call: Callable[[Progress], Awaitable[Outcome]], token: Any, receive: Receive, send: Send
+    call: Callable[[Progress], Awaitable[Outcome]],
+    token: Any,
+    receive: Receive,
+    send: Send,
+    http: Scope | None = None,
 ) -> tuple[Outcome | None, bool]:
     """``call`` beside a stream of its progress notifications, sent as server-sent events as
     they come: its outcome (None when the client went away) and whether the SSE response started.
 
-    The call runs in a task group next to a watcher of the client's connection, which cancels
-    the group when the client disconnects.
+    The call runs in a task group that is cancelled when the client disconnects
+    (``wire.DisconnectWatch``).
     """
     events_out, events_in = anyio.create_memory_object_stream[bytes](16)
     outcome: list[Outcome] = []
@@ -48,19 +52,14 @@ async def with_progress(
         async with events_out:
             outcome.append(await call(report))
 
-    async def watch_disconnect(scope: anyio.CancelScope) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        scope.cancel()
-
     committed_sse = False
     async with events_in, anyio.create_task_group() as tg:
-        tg.start_soon(watch_disconnect, tg.cancel_scope)
-        tg.start_soon(run_call)
-        async for event in events_in:
-            if not committed_sse:
-                committed_sse = True
-                await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-            await send({"type": "http.response.body", "body": event, "more_body": True})
+        with DisconnectWatch(http, receive, tg.cancel_scope.cancel):
+            tg.start_soon(run_call)
+            async for event in events_in:
+                if not committed_sse:
+                    committed_sse = True
+                    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+                await send({"type": "http.response.body", "body": event, "more_body": True})
         tg.cancel_scope.cancel()
     return (outcome[0] if outcome else None), committed_sse

@@ -5,7 +5,7 @@ answers and their server-sent-event framing, and answers written whole (with the
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
 import anyio
@@ -91,39 +91,50 @@ def sse_message(message: dict[str, Any]) -> bytes:
     return b"event: message\r\ndata: %s\r\n\r\n" % jsonwire.dumps(message)
 
 
-async def until_disconnect(call: Awaitable[T], receive: Receive, http: Scope | None = None) -> T | None:
-    """``call``'s answer, or None when the client disconnects first (``call`` is then cancelled
-    through a cancel scope, so the upstream request is cancelled and the slot released exactly
-    as a deadline would).
+class DisconnectWatch:
+    """``with DisconnectWatch(http, receive, gone):``: ``gone()`` is called if the client
+    disconnects while the block runs, before its answer is complete.
 
-    Served by haltwire's listener (``http``'s ``ON_DISCONNECT`` extension), the connection's loss
-    cancels it directly. Elsewhere one plain task watches the connection (no task group, no
-    stream: this is every tool call's path); its owner is this function, which cancels it as
-    soon as ``call`` ends, either way.
+    Served by haltwire's listener (``http``'s ``ON_DISCONNECT`` extension), the listener calls it
+    when the connection is lost, the request being answered behind pipelined ones included.
+    Elsewhere one plain task awaits ``receive`` for the disconnect (no task group, no stream:
+    this is every tool call's path); its owner is this watch, which cancels it as the block
+    ends, either way. ``gone`` runs on the event loop and must not block.
     """
-    scope = anyio.CancelScope()
-    on_disconnect = http.get("extensions", {}).get(ON_DISCONNECT) if http is not None else None
-    if on_disconnect is not None:
-        forget = on_disconnect(scope.cancel)
-        try:
-            with scope:
-                return await call
-            return None  # the client went away
-        finally:
-            forget()
 
-    async def watch() -> None:
-        while (await receive())["type"] != "http.disconnect":
+    def __init__(self, http: Scope | None, receive: Receive, gone: Callable[[], None]) -> None:
+        self._http, self._receive, self._gone = http, receive, gone
+        self._forget: Callable[[], None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+
+    def __enter__(self) -> None:
+        http = self._http
+        on_disconnect = http.get("extensions", {}).get(ON_DISCONNECT) if http is not None else None
+        if on_disconnect is not None:
+            self._forget = on_disconnect(self._gone)
+        else:
+            self._watcher = asyncio.get_running_loop().create_task(self._watch())
+
+    def __exit__(self, *exc: object) -> None:
+        if self._forget is not None:
+            self._forget()
+        if self._watcher is not None:
+            self._watcher.cancel()
+
+    async def _watch(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
             pass
-        scope.cancel()
+        self._gone()
 
-    watcher = asyncio.get_running_loop().create_task(watch())
-    try:
-        with scope:
-            return await call
-        return None  # cancelled by the watcher
-    finally:
-        watcher.cancel()
+
+async def until_disconnect(call: Awaitable[T], receive: Receive, http: Scope | None = None) -> T | None:
+    """``call``'s answer, or None when the client disconnects first (``DisconnectWatch``): ``call``
+    is then cancelled through a cancel scope, so the upstream request is cancelled and the slot
+    released exactly as a deadline would."""
+    scope = anyio.CancelScope()
+    with DisconnectWatch(http, receive, scope.cancel), scope:
+        return await call
+    return None  # the client went away
 
 
 async def respond(
