@@ -22,6 +22,10 @@ It prints:
       per run, a rate per tenant, policy hits in a row, repeated calls: ``tripwires.FIVE``),
       the calls carrying a lease so that the run rules count them; its p50 against
       ``haltwire``'s is a target (at most 1.10x: the script exits 1 past it);
+    - ``floor``: the least any Python gateway must do per call (``benchmarks/floor.py``: read the
+      request's and the answer's JSON, forward the bytes; uvloop and httptools, callbacks only,
+      no checks), so that haltwire's distance from direct splits into what Python costs and
+      what haltwire adds;
     - ``bare``/``bare+schema``: a pass-through on the SDK's low-level ``Server`` with no checks,
       forwarding with one long-lived ``mcp.Client``; ``+schema`` supplies
       ``get_tool_input_schema`` (without it the SDK runs the server's own ``tools/list``
@@ -77,6 +81,7 @@ import httpx2
 
 import contextforge
 import tripwires as rule_cost
+from floor import serve_floor
 from gateway_clients import (
     _orders,
     latency_block,
@@ -99,6 +104,7 @@ from gateway_common import (
 )
 from gateway_report import report_admission, report_calls, report_rule_cost
 from gateway_servers import gateway_config, lease_token, serve_bare, serve_fastmcp, serve_upstream
+from haltwire.serve import fast_loop
 from lean_client import LeanClient
 from procs import HOST, cpu_seconds, free_port, load_average, machine_speed, processes, spawn, wait_ready
 
@@ -273,6 +279,7 @@ async def bench_calls(
         commands: dict[str, list[str]] = {
             "haltwire": [*gateway, str(cfg)],
             TRIPWIRES: [*gateway, str(cfg_tw)],
+            "floor": [*serve, "floor", "--upstream", upstream_mcp, "--port", "{port}"],
             "bare": [*serve, "bare", "--upstream", upstream_mcp, "--port", "{port}"],
             "bare+schema": [*serve, "bare", "--schema", "--upstream", upstream_mcp, "--port", "{port}"],
             "fastmcp": [*serve, "fastmcp", "--upstream", upstream_mcp, "--port", "{port}"],
@@ -396,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd")
     serve = sub.add_parser("serve", help="(internal) run one server of the benchmark")
-    serve.add_argument("role", choices=["upstream", "bare", "fastmcp"])
+    serve.add_argument("role", choices=["upstream", "floor", "bare", "fastmcp"])
     serve.add_argument("--port", type=int, required=True)
     serve.add_argument("--upstream", default="")
     serve.add_argument("--schema", action="store_true")
@@ -418,14 +425,18 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     if opts.cmd == "serve":
         runner: Callable[[], Awaitable[None]]
-        if opts.role == "upstream":
+        backend: dict[str, Any] = {}
+        if opts.role == "floor":
+            runner = lambda: serve_floor(opts.upstream, HOST, opts.port)  # noqa: E731
+            backend = fast_loop()
+        elif opts.role == "upstream":
             runner = lambda: serve_upstream(opts.port)  # noqa: E731
         elif opts.role == "bare":
             runner = lambda: serve_bare(opts.upstream, opts.port, opts.schema)  # noqa: E731
         else:
             runner = lambda: serve_fastmcp(opts.upstream, opts.port)  # noqa: E731
         with contextlib.suppress(KeyboardInterrupt):
-            anyio.run(runner)
+            anyio.run(runner, backend_options=backend)
         return 0
     opts.variants = [v.strip() for v in opts.variants.split(",") if v.strip()]
     unknown = set(opts.variants) - set(VARIANTS)

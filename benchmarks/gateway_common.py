@@ -16,6 +16,7 @@ VARIANTS = [
     "haltwire",
     "haltwire+5tw",
     "haltwire-hs",
+    "floor",
     "bare",
     "bare+schema",
     "fastmcp",
@@ -24,7 +25,7 @@ VARIANTS = [
 TRIPWIRES = "haltwire+5tw"
 #: The variants the lean client measures too: every sessionless one (haltwire-hs is the same
 #: gateway as haltwire; ContextForge is compared by latency).
-LEAN_VARIANTS = frozenset({"direct", "haltwire", TRIPWIRES, "bare", "bare+schema", "fastmcp"})
+LEAN_VARIANTS = frozenset({"direct", "haltwire", TRIPWIRES, "floor", "bare", "bare+schema", "fastmcp"})
 #: The same gateway as "haltwire", called by a session-keeping client (the initialize handshake,
 #: protocol 2025-11-25), as the TypeScript SDK 1.x and the MCP Inspector always are.
 HANDSHAKE = "haltwire-hs"

@@ -199,6 +199,16 @@ def report_calls(
                 f"      vs {v:<12} p50 {p50['haltwire'] / p50[v]:.2f}x   p99 {p99['haltwire'] / p99[v]:.2f}x   "
                 f"calls/s {tput['haltwire'] / tput[v]:.2f}x"
             )
+        if "floor" in stats and direct:
+            f = stats["floor"]
+            f_cpu, h_cpu = f.proxy_cpu_s / f.proxy_cpu_calls, h.proxy_cpu_s / h.proxy_cpu_calls
+            print()
+            print(
+                f"    the floor (the least a Python gateway does per call: benchmarks/floor.py): p50 "
+                f"{p50['floor'] / p50[direct]:.2f}x direct, CPU {1000 * f_cpu:.2f} ms per call; haltwire "
+                f"over it: p50 {p50['haltwire'] / p50['floor']:.2f}x, CPU {h_cpu / f_cpu:.2f}x "
+                f"(+{1000 * (h_cpu - f_cpu):.2f} ms per call: ASGI, the pipeline's checks, its coroutines)"
+            )
         print()
         print(
             f"    upstream requests per tools/call through haltwire: {h.upstream_posts}/{h.calls} = "
