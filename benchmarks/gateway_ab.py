@@ -54,10 +54,10 @@ class Row:
 
 
 def exported(rev: str, into: Path) -> Path:
-    """``src/`` of ``rev`` (``.``: the work tree's own), as a directory for ``PYTHONPATH``."""
+    """``src/`` of ``rev`` (``.``: the work tree's own) under ``into``, for ``PYTHONPATH``."""
     if rev == ".":
         return REPO / "src"
-    target = into / rev.replace("/", "_")
+    target = into
     target.mkdir()
     archive = subprocess.run(
         ["git", "-C", str(REPO), "archive", "--format=tar", rev, "src"], capture_output=True, check=False
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--with takes direct and floor, not {sorted(unknown)}")
     with tempfile.TemporaryDirectory(prefix="haltwire-ab-") as tmp:
         work = Path(tmp)
-        srcs = [checked(rev, exported(rev, work)) for rev in (opts.a, opts.b)]
+        srcs = [checked(rev, exported(rev, work / label)) for label, rev in (("A", opts.a), ("B", opts.b))]
         return asyncio.run(run(opts, work, srcs))
 
 

@@ -20,6 +20,7 @@ import redis
 
 from haltwire.gateway.ceilings import Ceilings, Ticket
 from haltwire.gateway.config import parse_config
+from haltwire.gateway.proxy import released
 from haltwire.identity import Identity
 from haltwire.refusal import Refusal
 from haltwire.store.counters import BudgetCounter, CounterStore, CountersUnavailable, Decision, SlotCounter
@@ -183,6 +184,19 @@ async def test_releasing_twice_or_an_unknown_id_frees_no_one_elses_slot(stores: 
         await store.release([s], "never-admitted")
         assert (await store.admit([], [s], "c", NOW)).admitted
         assert await store.admit([], [s], "d", NOW) == Decision(("slots", 0)), "b and c hold both slots"
+
+
+async def test_a_cancelled_calls_release_still_frees_its_slot(stores: Stores) -> None:
+    """The gateway releases in ``finally``, often because the call was cancelled (client gone,
+    a stop). A store whose release waits is shielded (and Redis's hands a release cut short to
+    its retries); one that says it never waits (``releases_at_once``) is not, so it must not."""
+    async with stores.open() as store:
+        s = SlotCounter("ops-bot:f", 1)
+        assert (await store.admit([], [s], "a", NOW)).admitted
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await released(Ticket(store, (s,), "a", deadline_s=5.0), Identity("ops-bot"))
+        assert (await store.admit([], [s], "b", NOW)).admitted, "the cancelled call's slot was given back"
 
 
 async def test_release_of_no_slots_is_a_no_op(stores: Stores) -> None:

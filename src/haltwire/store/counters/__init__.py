@@ -102,6 +102,10 @@ class Tallies:
 
 
 class CounterStore(Protocol):
+    #: ``release`` never waits (an in-process store): no cancellation can cut it short, so it
+    #: needs no shield, and the caller spares every call the shield's timer.
+    releases_at_once: bool
+
     async def admit(
         self,
         budgets: Sequence[BudgetCounter],

@@ -33,6 +33,8 @@ _GRACE_S = 60.0
 
 
 class MemoryCounters:
+    releases_at_once = True  # ``release`` awaits nothing
+
     def __init__(self) -> None:
         # key -> {window number: calls counted in it}; only the newest two windows of a key
         # are kept, so memory stays bounded.

@@ -73,6 +73,8 @@ def _unavailable(exc: BaseException) -> CountersUnavailable:
 
 
 class RedisCounters:
+    releases_at_once = False  # a round trip
+
     def __init__(
         self,
         url: str | Sequence[str] = "redis://127.0.0.1:6379/0",
