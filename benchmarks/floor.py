@@ -9,7 +9,8 @@ rewriting. A Python gateway can be no cheaper than this on the same machine, so 
 direct is the least that any Python gateway's ratio can be.
 
 Requests on one client connection are answered in order, over one upstream connection of that
-client connection's own.
+client connection's own, opened anew once idle for ``KEEPALIVE_S`` (before the upstream drops it:
+a POST is never sent twice); an upstream connection lost during a call closes the client's.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from urllib.parse import urlsplit
 
 import httptools
 import orjson
+
+from haltwire.upstreams.sessions import KEEPALIVE_S
 
 #: Hop-by-hop headers and the ones rewritten here; the rest are passed on as they came.
 _DROPPED = frozenset({b"host", b"connection", b"content-length", b"transfer-encoding", b"keep-alive"})
@@ -43,8 +46,8 @@ def _message(head: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> by
 class _Upstream(asyncio.Protocol):
     """One kept-alive connection to the upstream; ``done`` is called with each whole answer."""
 
-    def __init__(self, done: object) -> None:
-        self._done = done
+    def __init__(self, done: object, lost: object) -> None:
+        self._done, self._lost = done, lost
         self._parser = httptools.HttpResponseParser(self)
         self._headers: list[tuple[bytes, bytes]] = []
         self._body: list[bytes] = []
@@ -52,6 +55,9 @@ class _Upstream(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost(self)  # type: ignore[operator]
 
     def data_received(self, data: bytes) -> None:
         self._parser.feed_data(data)
@@ -81,6 +87,8 @@ class _Client(asyncio.Protocol):
         self._queue: deque[bytes] = deque()
         self._busy = False
         self._upstream: _Upstream | None = None
+        self._idle_since = 0.0
+        self._connecting: asyncio.Task[None] | None = None
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -119,16 +127,26 @@ class _Client(asyncio.Protocol):
             return
         self._busy = True
         request = self._queue.popleft()
-        if self._upstream is not None and self._upstream.transport is not None:
-            self._upstream.transport.write(request)
-        else:
-            asyncio.get_running_loop().create_task(self._connect(request))
+        loop = asyncio.get_running_loop()
+        upstream = self._upstream
+        if upstream is not None and upstream.transport is not None and loop.time() - self._idle_since < KEEPALIVE_S:
+            upstream.transport.write(request)
+            return
+        if upstream is not None and upstream.transport is not None:
+            self._upstream = None
+            upstream.transport.close()
+        self._connecting = loop.create_task(self._connect(request))  # owned by this connection
 
     async def _connect(self, request: bytes) -> None:
         loop = asyncio.get_running_loop()
-        _, self._upstream = await loop.create_connection(
-            lambda: _Upstream(self._answered), self._host, self._port
-        )
+        try:
+            _, self._upstream = await loop.create_connection(
+                lambda: _Upstream(self._answered, self._upstream_lost), self._host, self._port
+            )
+        except OSError:
+            assert self._transport is not None
+            self._transport.close()  # the upstream cannot be reached: nor can this gateway
+            return
         assert self._upstream.transport is not None
         self._upstream.transport.write(request)
 
@@ -138,7 +156,15 @@ class _Client(asyncio.Protocol):
         assert self._transport is not None
         self._transport.write(_message(b"HTTP/1.1 %d OK" % status, headers, body))
         self._busy = False
+        self._idle_since = asyncio.get_running_loop().time()
         self._next()
+
+    def _upstream_lost(self, upstream: _Upstream) -> None:
+        if upstream is not self._upstream:
+            return  # one this connection let go of
+        self._upstream = None
+        if self._busy and self._transport is not None:
+            self._transport.close()  # its call is lost with it, and is not sent again
 
 
 async def serve_floor(upstream: str, host: str, port: int) -> None:
