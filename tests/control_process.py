@@ -19,7 +19,7 @@ import httpx2
 import tomli_w
 
 from control_harness import config_dict as control_config
-from redis_process import free_port
+from ports import free_ports
 
 HEARTBEAT_S = 30.0
 LISTENERS = ("agents", "admin", "enforcement")
@@ -29,7 +29,7 @@ class ControlCommand:
     """``python -m haltwire control`` on three known ports, started and signalled by the test."""
 
     def __init__(self, directory: Path, registry: dict[str, Any]) -> None:
-        self.ports = {name: free_port() for name in LISTENERS}
+        self.ports = dict(zip(LISTENERS, free_ports(len(LISTENERS)), strict=True))
         data = control_config(registry, HEARTBEAT_S)
         data["control"] |= {
             "port": self.ports["agents"],

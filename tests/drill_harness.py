@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from haltwire.demo.processes import Processes, free_port
+from haltwire.demo.processes import Processes
 from haltwire.drill.stack import TOKENS, control_config, gateway_config
+from ports import free_ports
 
 
 def drill(*args: str, timeout: float = 90, embedded: bool = True) -> subprocess.CompletedProcess[str]:
@@ -79,7 +80,7 @@ def unused_port() -> int:
 @contextmanager
 def stack_to_drill(directory: Path) -> Iterator[StackToDrill]:
     """The control plane (SQLite) and a gateway following it, each its own process."""
-    control, admin, enforcement, gateway = (free_port() for _ in range(4))
+    control, admin, enforcement, gateway = free_ports(4)
     canary = unused_port()  # unbound for most of the test: outside the range connections draw from
     data = control_config(directory / "control.db", control, admin, enforcement)
     data["identities"] += [{"name": "ops", "role": "operator", "token": OPS_TOKEN}, REAL_AGENT]

@@ -28,7 +28,7 @@ from haltwire.control import create_app, parse_control_config
 from haltwire.egress import EgressProxy, parse_config
 from haltwire.serve import bind, serving
 from leases_harness import LEASES
-from redis_process import free_port
+from ports import free_port
 from runs_harness import SECRET
 from runs_harness import config_dict as runs_config
 from stops_harness import HEARTBEAT_S, STALENESS_S

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from redis_process import free_port
+from ports import free_port
 
 HALTWIRE = [sys.executable, "-c", "from haltwire.cli import main; main()"]
 AGENT, TOKEN = "fleet-bot", "tok-fleet"

@@ -8,7 +8,6 @@ import base64
 import hashlib
 import hmac
 import json
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -36,13 +35,6 @@ AUDIENCE = "https://gateway.example.test/mcp"
 #: ``[issuer] refresh_s`` in tests: an unknown key id, or a failed fetch, refetches this often at most.
 REFRESH_S = 0.5
 CLAIMS = {"agent_claim": "agent_id", "tenant_claim": "org", "version_claim": "agent_version"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _b64(data: bytes) -> str:

@@ -5,7 +5,6 @@ until released."""
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -52,14 +51,6 @@ class Receiver:
         with anyio.fail_after(within):
             while len(self.pages) < pages or self.attempts < attempts:
                 await self._arrived.wait()
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on (a receiver that is down), for now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @asynccontextmanager

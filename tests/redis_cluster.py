@@ -29,7 +29,7 @@ import redis
 from redis.crc import key_slot
 
 from harness import service_missing
-from redis_process import free_port
+from ports import free_ports
 
 SLOTS = 16384
 #: How long a master may stay unreachable before the others mark it failing (milliseconds).
@@ -162,7 +162,7 @@ class RedisClusterProcesses:
         assert binary is not None
         count = masters * (1 + replicas)
         self.nodes = [
-            ClusterNode(binary, workdir / f"node-{i}", free_port(), free_port()) for i in range(count)
+            ClusterNode(binary, workdir / f"node-{i}", *free_ports(2)) for i in range(count)
         ]
         self.masters = self.nodes[:masters]
         #: Each replica, with the master it was started to follow.

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -19,13 +18,7 @@ from pathlib import Path
 import redis
 
 from harness import redis_url, service_missing
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from ports import free_port
 
 
 def unique_prefix(what: str = "hwtest") -> str:

@@ -35,7 +35,7 @@ from haltwire.runtime import ControlClient, ControlUnreachable
 from haltwire.store.registry.postgres import DEFAULT_URL
 from haltwire.store.registry.sqlite import SqliteRegistry
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream, service_missing
-from redis_process import free_port
+from ports import free_port, free_ports
 from stops_harness import STALENESS_S, code_of, control_plane, gateway_config, issue, until
 from tcp_proxy import TcpProxy
 
@@ -509,7 +509,7 @@ async def codes_while(client: Client, seen: list[str | None], stop: anyio.Event)
 
 async def test_a_gateway_following_two_replicas_survives_a_kill_9_of_the_one_it_follows(tmp_path: Path) -> None:
     with registry_section("postgres", tmp_path) as registry:
-        ports = [free_port(), free_port()]
+        ports = free_ports(2)
         configs = [write_config(tmp_path / f"replica-{i}.toml", p, registry) for i, p in enumerate(ports)]
         async with control_process(configs[0], ports[0]) as a, control_process(configs[1], ports[1]) as b:
             await a.start()

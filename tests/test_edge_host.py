@@ -20,7 +20,7 @@ from haltwire.config import ConfigError
 from haltwire.gateway.config import parse_config
 from haltwire.gateway.hosts import HostCheck
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
-from redis_process import free_port
+from ports import free_port
 
 pytestmark = pytest.mark.anyio
 

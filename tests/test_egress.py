@@ -36,7 +36,7 @@ from egress_harness import (
     running_egress,
 )
 from leases_harness import K2, GatewayClock, mint, tamper
-from redis_process import free_port
+from ports import free_port
 from stops_harness import STALENESS_S, clear, control_plane, issue, until
 
 pytestmark = pytest.mark.anyio

@@ -35,7 +35,7 @@ from executor_process import ExecutorProcesses
 from haltwire.control import create_app, parse_control_config
 from haltwire.demo.shop import MAX_REFUND_CENTS, ORDERS, Shop
 from haltwire.serve import serving
-from redis_process import free_port
+from ports import free_port
 from runs_harness import config_dict as control_config
 from stops_harness import issue, until
 

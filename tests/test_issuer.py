@@ -28,7 +28,6 @@ from harness import config_dict, connect, running_gateway, running_upstream
 from issuer_harness import (
     REFRESH_S,
     LocalIssuer,
-    free_port,
     hmac_with,
     issuer_section,
     publishing,
@@ -36,6 +35,7 @@ from issuer_harness import (
     unsigned,
 )
 from plane_harness import TOKENS, bearer, full_plane
+from ports import free_port
 
 pytestmark = pytest.mark.anyio
 

@@ -29,7 +29,7 @@ from harness import TOKENS, config_dict, connect, running_gateway, running_upstr
 from intents_harness import propose, sqlite
 from leases_harness import LEASES, call, client, mint
 from metrics_harness import control_with_admin, json_log, lines, scrape, series, value
-from redis_process import free_port
+from ports import free_port
 from runs_harness import config_dict as runs_config
 from runs_harness import register
 from stops_harness import code_of, control_plane, gateway_config, issue, until

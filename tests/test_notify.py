@@ -30,7 +30,8 @@ from haltwire.control.stores import Stores, open_stores
 from haltwire.serve import serving
 from harness import postgres_section
 from intents_harness import EXECUTOR_2, auth, claim, propose, settle, sqlite
-from page_receiver import Receiver, free_port, receiving
+from page_receiver import Receiver, receiving
+from ports import free_port
 from runs_harness import config_dict
 
 pytestmark = pytest.mark.anyio

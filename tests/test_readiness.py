@@ -24,7 +24,7 @@ from haltwire.control import create_app, parse_control_config
 from haltwire.demo.upstream import DemoUpstream
 from haltwire.serve import serving
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
-from redis_process import free_port
+from ports import free_port
 from stops_harness import code_of, control_plane, gateway_config, until
 
 pytestmark = pytest.mark.anyio

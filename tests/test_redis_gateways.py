@@ -39,7 +39,8 @@ from gateway_processes import (
     wait_ready,
 )
 from harness import connect
-from redis_process import RedisProcess, free_port, shared_prefix, unique_prefix
+from ports import free_ports
+from redis_process import RedisProcess, shared_prefix, unique_prefix
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -182,7 +183,8 @@ def fleet_run(module_procs: Processes) -> Iterator[dict[str, PhaseResult]]:
     with shared_prefix("hwtest-fleet") as (redis_url, prefix):
         upstreams = {b: spawn_upstream(procs, f"upstream-{b}") for b in ("redis", "memory")}
         # Pick every port now, so the clients can start (and import) while the servers do.
-        gateway_ports = {b: [free_port() for _ in range(GATEWAYS)] for b in upstreams}
+        picked = free_ports(GATEWAYS * len(upstreams))
+        gateway_ports = {b: picked[i * GATEWAYS : (i + 1) * GATEWAYS] for i, b in enumerate(upstreams)}
         script = procs.logs / "client.py"
         script.write_text(CLIENT_SCRIPT)
         shares = [CALLS // CLIENTS + (1 if i < CALLS % CLIENTS else 0) for i in range(CLIENTS)]

@@ -6,7 +6,6 @@ Every test runs the shop on a real socket and calls it with the official MCP cli
 from __future__ import annotations
 
 import signal
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -23,6 +22,7 @@ from mcp.types import CallToolResult, RequestParamsMeta, TextContent
 from haltwire.demo.shop import INJECTED_ORDER, KEY_META, ORDERS, Shop
 from haltwire.demo.stack import connect
 from haltwire.serve import serving
+from ports import free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -252,13 +252,6 @@ async def test_reset_empties_the_ledger() -> None:
     assert ledger == {"refunds": [], "applied": 0, "by_order": {}}
     assert not again.is_error
     assert shop.ledger()["applied"] == 1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def test_the_shop_process_keeps_a_refund_through_a_kill(tmp_path: Path) -> None:

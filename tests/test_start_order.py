@@ -11,14 +11,14 @@ import pytest
 from haltwire.demo.upstream import DemoUpstream
 from haltwire.serve import serving
 from harness import TOKENS, connect, running_gateway
-from redis_process import free_port
+from ports import free_ports
 from stops_harness import control_plane, gateway_config
 
 pytestmark = pytest.mark.anyio
 
 
 async def test_a_gateway_started_first_waits_for_its_control_plane_and_upstream(tmp_path: Path) -> None:
-    up_port, cp_port = free_port(), free_port()
+    up_port, cp_port = free_ports(2)
     data = gateway_config(f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{cp_port}")
     data["control"]["connect_timeout_s"] = 30
     data["upstreams"][0]["connect_timeout_s"] = 30
@@ -56,7 +56,7 @@ async def test_what_never_comes_up_is_named_once_connect_timeout_s_has_run_out(
 ) -> None:
     from haltwire.gateway import ControlUnreachable, UpstreamError
 
-    up_port, cp_port = free_port(), free_port()
+    up_port, cp_port = free_ports(2)
     data = gateway_config(f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{cp_port}")
     data["control"]["connect_timeout_s"] = 1.5
     data["upstreams"][0]["connect_timeout_s"] = 1.5

@@ -18,7 +18,8 @@ from haltwire.meta import LEASE_META
 from haltwire.store.counters.redis import RedisCounters
 from harness import TOKENS, config_dict, connect, running_gateway, running_upstream
 from leases_harness import LEASES, mint
-from redis_process import free_port, private_redis, shared_prefix
+from ports import free_port
+from redis_process import private_redis, shared_prefix
 from stops_harness import control_plane, until
 from tripwires_harness import outcome, stops_of
 

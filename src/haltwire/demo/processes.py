@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -31,12 +32,22 @@ class StackFailed(Exception):
     """A process of the stack did not start; the message ends with the tail of its stderr."""
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` different loopback ports free now (another process could take one before ours binds
+    it). Each socket is held until all are picked: once one is closed, the kernel may hand its
+    port to the next bind, and a stack given one port twice does not start."""
+    with ExitStack() as held:
+        ports = []
+        for _ in range(n):
+            s = held.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            ports.append(int(s.getsockname()[1]))
+        return ports
+
+
 def free_port() -> int:
     """A loopback port free now (another process could take it before ours binds it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    return free_ports(1)[0]
 
 
 @dataclass

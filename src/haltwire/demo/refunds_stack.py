@@ -25,7 +25,7 @@ from typing import Any, Final
 
 import tomli_w
 
-from haltwire.demo.processes import Processes, Service, free_port
+from haltwire.demo.processes import Processes, Service, free_ports
 from haltwire.demo.support_agent import AUDIENCE
 
 #: The tripwires: at most ``PER_RUN`` refunds a run, ``PER_TENANT_PER_HOUR`` a tenant an hour.
@@ -153,14 +153,15 @@ class Stack:
         self.processes = Processes(directory)
         self.directory = directory
         self.tenants = tenants
-        self.control_url = f"http://127.0.0.1:{free_port()}"
+        urls = iter(f"http://127.0.0.1:{port}" for port in free_ports(6))
+        self.control_url = next(urls)
         #: The operators' and tripwires' listener.
-        self.admin_url = f"http://127.0.0.1:{free_port()}"
-        self.oncall_url = f"http://127.0.0.1:{free_port()}"
+        self.admin_url = next(urls)
+        self.oncall_url = next(urls)
         #: The gateway's and the executor's listener.
-        self.enforcement_url = f"http://127.0.0.1:{free_port()}"
-        self.shop_url = f"http://127.0.0.1:{free_port()}"
-        self.gateway_url = f"http://127.0.0.1:{free_port()}"
+        self.enforcement_url = next(urls)
+        self.shop_url = next(urls)
+        self.gateway_url = next(urls)
         self.gateway_toml = directory / "gateway.toml"
         self.call_log = directory / "calls.jsonl"
         self.gateway: Service | None = None

@@ -39,7 +39,7 @@ from typing import Any, Final, Protocol
 
 import tomli_w
 
-from haltwire.demo.processes import Processes, Service, free_port
+from haltwire.demo.processes import Processes, Service, free_ports
 from haltwire.drill import parts
 
 #: The drill's agent class: a 3-second lease, and its target (at least one lease period).
@@ -125,13 +125,9 @@ class Stack:
         #: The parts some rungs need (``drill.parts``): ``targets``, ``egress``, ``executor``.
         self.parts = parts
         self.processes = Processes(directory)
-        self.control_url = f"http://127.0.0.1:{free_port()}"
-        self.admin_url = f"http://127.0.0.1:{free_port()}"
-        self.enforcement_url = f"http://127.0.0.1:{free_port()}"
-        self.canary_url = f"http://127.0.0.1:{free_port()}"
-        self.gateway_url = f"http://127.0.0.1:{free_port()}"
-        self.targets_url = f"http://127.0.0.1:{free_port()}"
-        self.egress_url = f"http://127.0.0.1:{free_port()}"
+        urls = [f"http://127.0.0.1:{port}" for port in free_ports(7)]
+        self.control_url, self.admin_url, self.enforcement_url, self.canary_url = urls[:4]
+        self.gateway_url, self.targets_url, self.egress_url = urls[4:]
         self.control: Service | None = None
         self.paused = False
         self.tokens: dict[str, str] = dict(TOKENS)
