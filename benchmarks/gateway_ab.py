@@ -12,7 +12,7 @@ speed moves by half within the hour) unless both versions are measured in turns:
 (``src/`` of a revision, exported with ``git archive``; ``.`` is the work tree) runs as its own
 ``haltwire gateway`` process with ``benchmarks/gateway.py``'s config, every one in front of the
 same demo upstream. Blocks of sequential calls by the lean client (``lean_client.py``) go to
-each in a rotating order, and each block's on-CPU time of the server (``/proc/PID/schedstat``,
+each in a rotating order, and each block's on-CPU time of the server (``/proc/PID/task/*/schedstat``,
 nanoseconds) gives its CPU per call. The figure to read is the median over blocks of B's CPU
 per call over A's in the same turn; run A against itself first to see how far that moves here.
 
