@@ -60,7 +60,10 @@ async def test_one_gateway_answers_200_calls_at_once_on_a_budget_of_100(max_conn
     """``lookup_order`` is bounded here, so each call also checks and records its idempotency
     key on the same pool: admit, begin, complete, release."""
     with shared_prefix("hwtest-load") as (url, prefix):
-        counters: dict[str, object] = {"backend": "redis", "url": url, "prefix": prefix, "timeout_s": 5.0}
+        # A call waits for a free connection within this deadline: 200 calls on a pool of 4 once
+        # waited past 5 s on a slow, loaded CI machine. A pool that refused instead of waiting
+        # (the defect this guards against) refuses at once, whatever the deadline.
+        counters: dict[str, object] = {"backend": "redis", "url": url, "prefix": prefix, "timeout_s": 30.0}
         if max_connections is not None:
             counters["max_connections"] = max_connections
         async with running_upstream() as (demo, up):
