@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import httptools
 import orjson
 
 from haltwire.upstreams.sessions import KEEPALIVE_S
+
+Headers = list[tuple[bytes, bytes]]
 
 #: Hop-by-hop headers and the ones rewritten here; the rest are passed on as they came.
 _DROPPED = frozenset({b"host", b"connection", b"content-length", b"transfer-encoding", b"keep-alive"})
@@ -38,29 +41,17 @@ def _parse_json(body: bytes, content_type: bytes) -> None:
         orjson.loads(body)
 
 
-def _message(head: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes:
+def _message(head: bytes, headers: Headers, body: bytes) -> bytes:
     lines = [head, *(k + b": " + v for k, v in headers), b"content-length: %d" % len(body), b"", body]
     return b"\r\n".join(lines)
 
 
-class _Upstream(asyncio.Protocol):
-    """One kept-alive connection to the upstream; ``done`` is called with each whole answer."""
+class _Reader(asyncio.Protocol):
+    """A message's headers (but the hop-by-hop ones) and body, as httptools' parser calls back."""
 
-    def __init__(self, done: object, lost: object) -> None:
-        self._done, self._lost = done, lost
-        self._parser = httptools.HttpResponseParser(self)
-        self._headers: list[tuple[bytes, bytes]] = []
+    def __init__(self) -> None:
+        self._headers: Headers = []
         self._body: list[bytes] = []
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._lost(self)  # type: ignore[operator]
-
-    def data_received(self, data: bytes) -> None:
-        self._parser.feed_data(data)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if name.lower() not in _DROPPED:
@@ -69,21 +60,44 @@ class _Upstream(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self._body.append(body)
 
-    def on_message_complete(self) -> None:
-        status = self._parser.get_status_code()
+    def _taken(self) -> tuple[Headers, bytes]:
+        """The whole message read; the next one starts empty."""
         headers, body = self._headers, b"".join(self._body)
         self._headers, self._body = [], []
-        self._done(status, headers, body)  # type: ignore[operator]
+        return headers, body
 
 
-class _Client(asyncio.Protocol):
+class _Upstream(_Reader):
+    """One kept-alive connection to the upstream; ``done`` is called with each whole answer."""
+
+    def __init__(
+        self, done: Callable[[int, Headers, bytes], None], lost: Callable[[_Upstream], None]
+    ) -> None:
+        super().__init__()
+        self._done, self._lost = done, lost
+        self._parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost(self)
+
+    def data_received(self, data: bytes) -> None:
+        self._parser.feed_data(data)
+
+    def on_message_complete(self) -> None:
+        self._done(self._parser.get_status_code(), *self._taken())
+
+
+class _Client(_Reader):
     """A client connection: each request forwarded once the one before it is answered."""
 
     def __init__(self, host: str, port: int, path: bytes) -> None:
+        super().__init__()
         self._host, self._port, self._path = host, port, path
         self._parser = httptools.HttpRequestParser(self)
-        self._headers: list[tuple[bytes, bytes]] = []
-        self._body: list[bytes] = []
         self._queue: deque[bytes] = deque()
         self._busy = False
         self._upstream: _Upstream | None = None
@@ -105,16 +119,8 @@ class _Client(asyncio.Protocol):
             assert self._transport is not None
             self._transport.close()
 
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() not in _DROPPED:
-            self._headers.append((name, value))
-
-    def on_body(self, body: bytes) -> None:
-        self._body.append(body)
-
     def on_message_complete(self) -> None:
-        headers, body = self._headers, b"".join(self._body)
-        self._headers, self._body = [], []
+        headers, body = self._taken()
         content_type = next((v for k, v in headers if k.lower() == b"content-type"), b"")
         _parse_json(body, content_type)
         method = self._parser.get_method()
@@ -150,7 +156,7 @@ class _Client(asyncio.Protocol):
         assert self._upstream.transport is not None
         self._upstream.transport.write(request)
 
-    def _answered(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    def _answered(self, status: int, headers: Headers, body: bytes) -> None:
         content_type = next((v for k, v in headers if k.lower() == b"content-type"), b"")
         _parse_json(body, content_type)
         assert self._transport is not None
