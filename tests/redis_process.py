@@ -139,3 +139,17 @@ def private_redis(workdir: Path) -> Iterator[RedisProcess]:
         yield server
     finally:
         server.stop()
+
+
+
+def script_commands_since_reset(client: redis.Redis) -> dict[str, int]:
+    """How a store reached ``client``'s server since ``CONFIG RESETSTAT``: its scripts run
+    (``evalsha``, ``eval``) or loaded (``script|load``) and the slots mapped (``cluster|...``),
+    by name. (The commands the scripts run are counted by the server too, and left out.)"""
+    stats: dict[str, dict[str, int]] = client.info("commandstats")
+    calls = {name.removeprefix("cmdstat_"): int(s["calls"]) for name, s in stats.items()}
+    return {
+        name: n
+        for name, n in calls.items()
+        if n and (name in ("evalsha", "eval", "script|load") or name.startswith("cluster|"))
+    }

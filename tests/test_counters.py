@@ -27,7 +27,7 @@ from haltwire.store.counters import BudgetCounter, CounterStore, CountersUnavail
 from haltwire.store.counters.memory import MemoryCounters
 from haltwire.store.counters.redis import RedisCounters
 from harness import config_dict
-from redis_process import private_redis, shared_prefix, unique_prefix
+from redis_process import private_redis, script_commands_since_reset, shared_prefix, unique_prefix
 
 pytestmark = pytest.mark.anyio
 
@@ -493,6 +493,47 @@ async def test_a_store_whose_redis_restarted_while_idle_admits_on_the_next_call(
             assert (await store.admit([b], [], "", NOW)).admitted
             # The restarted server has no persistence: the window starts again from 0.
             assert await count_admitted(store, [b], [], 10) == 4
+        finally:
+            await store.aclose()
+
+
+async def test_a_started_stores_first_admission_is_one_script_already_loaded(tmp_path: Path) -> None:
+    """``start`` gives the server the scripts: the first admission after a gateway (re)starts
+    is one EVALSHA, not a NOSCRIPT and an EVAL within its deadline."""
+    with private_redis(tmp_path) as server:
+        raw = redis.Redis.from_url(server.url)
+        store = RedisCounters(server.url, prefix=unique_prefix(), timeout_s=0.3)
+        try:
+            async with anyio.create_task_group() as tg:
+                await store.start(tg)
+                raw.config_resetstat()
+                assert (await store.admit([budget("ops-bot:b", 5)], [SlotCounter("ops-bot:f", 2)], "s", NOW)).admitted
+                await store.release([SlotCounter("ops-bot:f", 2)], "s")
+                assert script_commands_since_reset(raw) == {"evalsha": 2}, "admit.lua and release.lua, each once"
+                tg.cancel_scope.cancel()
+        finally:
+            await store.aclose()
+            raw.close()
+
+
+async def test_a_store_started_while_redis_is_down_starts_refuses_and_admits_once_it_is_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with private_redis(tmp_path) as server:
+        server.stop()
+        store = RedisCounters(server.url, prefix=unique_prefix(), timeout_s=0.3)
+        b = budget("ops-bot:b", 5)
+        try:
+            async with anyio.create_task_group() as tg:
+                started = time.monotonic()
+                await store.start(tg)
+                assert time.monotonic() - started < 2.0, "a refused connection does not hold the start"
+                assert "could not map Redis or load their scripts at start" in caplog.text
+                with pytest.raises(CountersUnavailable):
+                    await store.admit([b], [], "", NOW)
+                server.start()  # the same port
+                assert (await store.admit([b], [], "", NOW)).admitted
+                tg.cancel_scope.cancel()
         finally:
             await store.aclose()
 

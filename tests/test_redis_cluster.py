@@ -28,7 +28,7 @@ from haltwire.store.idempotency import CONFLICT, FRESH, IN_FLIGHT, Recorded
 from haltwire.store.idempotency.redis import RedisIdempotency
 from harness import config_dict
 from redis_cluster import ClusterNode, RedisClusterProcesses, redis_cluster
-from redis_process import unique_prefix
+from redis_process import script_commands_since_reset, unique_prefix
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 
@@ -165,6 +165,41 @@ async def test_idempotency_records_on_the_cluster(cluster: RedisClusterProcesses
     finally:
         await a.aclose()
         await b.aclose()
+
+
+async def test_started_stores_first_calls_are_one_script_each_on_their_master_alone(
+    cluster: RedisClusterProcesses,
+) -> None:
+    """``start`` maps the slots and gives every master the scripts: the first admission and the
+    first idempotency record after a gateway (re)starts are one EVALSHA each, on the master of
+    their keys, with no map made and no NOSCRIPT within their deadlines."""
+    raws = [node.client() for node in cluster.masters]
+    prefix = unique_prefix("hwtest-cluster")
+    counters = RedisCounters(cluster.url, prefix=prefix, timeout_s=5.0, cluster=True)
+    records = RedisIdempotency(cluster.url, prefix=prefix, timeout_s=5.0, cluster=True)
+    try:
+        for raw in raws:
+            raw.script_flush()  # as on masters that never saw these stores
+        async with anyio.create_task_group() as tg:
+            await counters.start(tg)
+            await records.start(tg)
+            for raw in raws:
+                raw.config_resetstat()
+            c = OPS.counted_as
+            assert (await counters.admit([BudgetCounter(f"{c}:b", 1, 10, 1e12)], [], "", 1000.0)).admitted
+            assert await records.begin(f"{OPS.owner}:{1:064x}", "f1", 0.0, 60) == FRESH
+            seen = {node.port: script_commands_since_reset(raw) for node, raw in zip(cluster.masters, raws, strict=True)}
+            expected: dict[int, dict[str, int]] = {node.port: {} for node in cluster.masters}
+            for tag in (c, OPS.owner):  # the counters' owner, the records' agent
+                calls = expected[cluster.node_of(f"{{{tag}}}").port]
+                calls["evalsha"] = calls.get("evalsha", 0) + 1
+            assert seen == expected, "each script on the master of its keys, nothing else anywhere"
+            tg.cancel_scope.cancel()
+    finally:
+        for raw in raws:
+            raw.close()
+        await counters.aclose()
+        await records.aclose()
 
 
 async def test_keys_of_several_slots_in_one_script_are_refused_by_the_cluster_itself(

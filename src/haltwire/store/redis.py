@@ -28,9 +28,10 @@ import hashlib
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 from urllib.parse import urlsplit
 
+import anyio
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
@@ -117,6 +118,10 @@ class Script:
         self._text = text
         self.sha = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
 
+    async def load(self) -> None:
+        """Give the script to the server (on a cluster, to every master)."""
+        await self._client.script_load(self._text)
+
     async def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:
             return await self._client.evalsha(self.sha, len(keys), *keys, *args)
@@ -130,6 +135,34 @@ async def ready(client: RedisClient) -> None:
     connection, the other calls' included). No I/O once mapped; call it within the deadline."""
     if isinstance(client, RedisCluster):
         await client.initialize()
+
+
+#: How long a store's start may spend on ``warm``.
+WARM_TIMEOUT_S: Final = 5.0
+
+
+async def warm(client: RedisClient, scripts: Sequence[Script], what: str) -> bool:
+    """At a store's start: map a cluster's slots and give every master the store's scripts
+    (``SCRIPT LOAD``), so that the first calls pay for neither within their deadlines (a map
+    asks the nodes one by one; a node that lacks a script costs a ``NOSCRIPT`` and an ``EVAL``).
+    Under the load of a restart in an incident, the first admissions could otherwise be refused
+    ``counters_unavailable``. Best effort, within ``WARM_TIMEOUT_S``: a server that does not
+    answer now is logged, and the calls then do it themselves, as before (failing closed while
+    it does not answer). True once done."""
+    try:
+        with anyio.fail_after(WARM_TIMEOUT_S):
+            await ready(client)
+            for script in scripts:
+                await script.load()
+    except REDIS_ERRORS as exc:  # (TimeoutError is an OSError)
+        log.warning(
+            "the %s could not map Redis or load their scripts at start (%s): the first calls will, "
+            "within their deadlines",
+            what,
+            str(exc) or type(exc).__name__,
+        )
+        return False
+    return True
 
 
 #: Replies that say something of the cluster's state, not of the script.

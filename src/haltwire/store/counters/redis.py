@@ -55,6 +55,7 @@ from haltwire.store.redis import (
     failed,
     ready,
     redis_client,
+    warm,
 )
 from haltwire.store.retry import Retries
 
@@ -113,7 +114,9 @@ class RedisCounters:
         return f"{self._prefix}:{{{owner}}}{kind}{sep}{rest}"
 
     async def start(self, tg: anyio.abc.TaskGroup) -> None:
-        """Start retrying failed releases in ``tg``, which owns the task until it ends."""
+        """Map the slots and load the scripts (``warm``), then start retrying failed releases in
+        ``tg``, which owns the task until it ends."""
+        await warm(self._redis, (self._admit, self._release, self._refund), "counters")
         await tg.start(self.releases.run)
 
     async def admit(

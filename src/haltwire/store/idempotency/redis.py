@@ -37,6 +37,7 @@ from haltwire.store.redis import (
     failed,
     ready,
     redis_client,
+    warm,
 )
 from haltwire.store.retry import Retries
 
@@ -82,7 +83,9 @@ class RedisIdempotency:
         return f"{self._prefix}:{{{agent}}}:i:{digest}"
 
     async def start(self, tg: anyio.abc.TaskGroup) -> None:
-        """Start retrying failed ``complete`` calls in ``tg``, which owns the task until it ends."""
+        """Map the slots and load the scripts (``warm``), then start retrying failed ``complete``
+        calls in ``tg``, which owns the task until it ends."""
+        await warm(self._redis, (self._begin, self._complete, self._release), "idempotency records")
         await tg.start(self.completions.run)
 
     async def _run(self, script: Script, keys: list[str], args: list[Any]) -> Any:
