@@ -52,8 +52,9 @@ COLUMNS = (
 )
 
 Row = Sequence[Any]
-#: An append's fields, validated: actor, role, action, target, outcome, reason, detail.
-Fields = tuple[str, str, str, str, Outcome, str, Mapping[str, Any]]
+#: An append's fields, validated: actor, role, action, target, outcome, reason, and the detail
+#: as it is stored (its canonical JSON, made once: an append is on every write's path).
+Fields = tuple[str, str, str, str, Outcome, str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +135,8 @@ class AuditLog(ABC):
         now: float,
     ) -> AuditRecord:
         """Append one record with the next seq, chained to the latest record."""
-        outcome = checked_append(actor, action, outcome, detail, now)
-        return await self._append((actor, role, action, target, outcome, reason, detail), now)
+        outcome, stored = checked_append(actor, action, outcome, detail, now)
+        return await self._append((actor, role, action, target, outcome, reason, stored), now)
 
     @abstractmethod
     async def _append(self, fields: Fields, now: float) -> AuditRecord:
@@ -367,7 +368,7 @@ def new_record(last: Row | None, fields: Fields, now: float, key: bytes | None =
     actor, role, action, target, outcome, reason, detail = fields
     seq, prev_hash = (1, GENESIS) if last is None else (int(last[0]) + 1, str(last[1]))
     # The detail as it will read back from the store, so the hash is over the stored content.
-    stored_detail: dict[str, Any] = json.loads(canonical_json(dict(detail)))
+    stored_detail: dict[str, Any] = json.loads(detail)
     # ``hash_of``'s body, built once (no record to copy: an append is on every write's path).
     body: dict[str, Any] = {
         "seq": seq, "at": now, "actor": actor, "role": role, "action": action, "target": target,
@@ -376,8 +377,11 @@ def new_record(last: Row | None, fields: Fields, now: float, key: bytes | None =
     return AuditRecord(**body, hash=_digest(body, key))
 
 
-def checked_append(actor: str, action: str, outcome: str, detail: Mapping[str, Any], now: float) -> Outcome:
-    """Validate an append request before touching the store; answers the outcome typed."""
+def checked_append(
+    actor: str, action: str, outcome: str, detail: Mapping[str, Any], now: float
+) -> tuple[Outcome, str]:
+    """Validate an append request before touching the store; answers the outcome typed and the
+    detail's canonical JSON (what is stored)."""
     if not actor.strip():
         raise ValueError("an audit record needs an actor")
     if not action.strip():
@@ -386,13 +390,13 @@ def checked_append(actor: str, action: str, outcome: str, detail: Mapping[str, A
         raise ValueError(f"outcome must be 'ok' or 'refused', not {outcome!r}")
     if not math.isfinite(now):
         raise ValueError("now must be a finite time")
-    canonical_json(dict(detail))  # raises TypeError / ValueError when not JSON
-    return cast(Outcome, outcome)
+    stored = canonical_json(dict(detail))  # raises TypeError / ValueError when not JSON
+    return cast(Outcome, outcome), stored
 
 
-def as_row(record: AuditRecord) -> tuple[object, ...]:
-    """The record's column values in ``COLUMNS`` order."""
-    return row_of(record, COLUMNS, detail=canonical_json)
+def as_row(record: AuditRecord, detail: str) -> tuple[object, ...]:
+    """The record's column values in ``COLUMNS`` order, ``detail`` its canonical JSON."""
+    return row_of(record, COLUMNS, detail=lambda _: detail)
 
 
 def from_row(row: Row) -> AuditRecord:

@@ -49,7 +49,7 @@ class SqlAuditLog(Store, AuditLog):
                 await tx.lock("audit")
                 last = await tx.one(QUERIES["last"])
             record = new_record(last, fields, now, self.key)
-            await tx.execute(QUERIES["insert"], as_row(record))
+            await tx.execute(QUERIES["insert"], as_row(record, fields[-1]))
             for row in index.rows(record.seq, record.target, record.detail):
                 await tx.execute(index.QUERIES["insert"], row)
             tx.memo[TIP] = (record.seq, record.hash)
