@@ -538,6 +538,25 @@ async def test_a_store_started_while_redis_is_down_starts_refuses_and_admits_onc
             await store.aclose()
 
 
+async def test_a_redis_that_never_answers_holds_a_stores_start_no_longer_than_its_timeout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(16)  # the kernel accepts the connection; nothing ever answers
+        store = RedisCounters(f"redis://127.0.0.1:{s.getsockname()[1]}/0", prefix=unique_prefix(), timeout_s=0.2)
+        try:
+            async with anyio.create_task_group() as tg:
+                started = time.monotonic()
+                await store.start(tg)
+                elapsed = time.monotonic() - started
+                assert elapsed < 0.2 + 1.0, f"the start took {elapsed:.3f} s; the timeout is 0.2 s"
+                assert "could not map Redis or load their scripts at start" in caplog.text
+                tg.cancel_scope.cancel()
+        finally:
+            await store.aclose()
+
+
 async def test_two_gateways_slot_ids_never_collide_in_a_shared_store(redis_stores: Stores) -> None:
     """Each Ceilings (one per gateway process) numbers its slots under its own random prefix;
     ids that collided would be one sorted-set member, and the cap would admit a third call."""

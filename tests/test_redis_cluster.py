@@ -188,7 +188,9 @@ async def test_started_stores_first_calls_are_one_script_each_on_their_master_al
             c = OPS.counted_as
             assert (await counters.admit([BudgetCounter(f"{c}:b", 1, 10, 1e12)], [], "", 1000.0)).admitted
             assert await records.begin(f"{OPS.owner}:{1:064x}", "f1", 0.0, 60) == FRESH
-            seen = {node.port: script_commands_since_reset(raw) for node, raw in zip(cluster.masters, raws, strict=True)}
+            seen = {
+                node.port: script_commands_since_reset(raw) for node, raw in zip(cluster.masters, raws, strict=True)
+            }
             expected: dict[int, dict[str, int]] = {node.port: {} for node in cluster.masters}
             for tag in (c, OPS.owner):  # the counters' owner, the records' agent
                 calls = expected[cluster.node_of(f"{{{tag}}}").port]
