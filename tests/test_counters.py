@@ -528,7 +528,7 @@ async def test_a_store_started_while_redis_is_down_starts_refuses_and_admits_onc
                 started = time.monotonic()
                 await store.start(tg)
                 assert time.monotonic() - started < 2.0, "a refused connection does not hold the start"
-                assert "could not map Redis or load their scripts at start" in caplog.text
+                assert "could not give Redis their scripts at start" in caplog.text
                 with pytest.raises(CountersUnavailable):
                     await store.admit([b], [], "", NOW)
                 server.start()  # the same port
@@ -551,7 +551,7 @@ async def test_a_redis_that_never_answers_holds_a_stores_start_no_longer_than_it
                 await store.start(tg)
                 elapsed = time.monotonic() - started
                 assert elapsed < 0.2 + 1.0, f"the start took {elapsed:.3f} s; the timeout is 0.2 s"
-                assert "could not map Redis or load their scripts at start" in caplog.text
+                assert "could not give Redis their scripts at start" in caplog.text
                 tg.cancel_scope.cancel()
         finally:
             await store.aclose()

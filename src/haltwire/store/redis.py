@@ -141,14 +141,14 @@ async def ready(client: RedisClient) -> None:
 WARM_TIMEOUT_S: Final = 5.0
 
 
-async def warm(client: RedisClient, scripts: Sequence[Script], what: str) -> bool:
+async def warm(client: RedisClient, scripts: Sequence[Script], what: str) -> None:
     """At a store's start: map a cluster's slots and give every master the store's scripts
     (``SCRIPT LOAD``), so that the first calls pay for neither within their deadlines (a map
     asks the nodes one by one; a node that lacks a script costs a ``NOSCRIPT`` and an ``EVAL``).
     Under the load of a restart in an incident, the first admissions could otherwise be refused
     ``counters_unavailable``. Best effort, within ``WARM_TIMEOUT_S``: a server that does not
     answer now is logged, and the calls then do it themselves, as before (failing closed while
-    it does not answer). True once done."""
+    it does not answer)."""
     try:
         with anyio.fail_after(WARM_TIMEOUT_S):
             await ready(client)
@@ -156,13 +156,11 @@ async def warm(client: RedisClient, scripts: Sequence[Script], what: str) -> boo
                 await script.load()
     except REDIS_ERRORS as exc:  # (TimeoutError is an OSError)
         log.warning(
-            "the %s could not map Redis or load their scripts at start (%s): the first calls will, "
-            "within their deadlines",
+            "the %s could not give Redis their scripts at start (%s): each call does what is "
+            "missing within its own deadline, and is refused while Redis does not answer",
             what,
             str(exc) or type(exc).__name__,
         )
-        return False
-    return True
 
 
 #: Replies that say something of the cluster's state, not of the script.

@@ -132,7 +132,8 @@ class CounterStore(Protocol):
         ...
 
     async def start(self, tg: anyio.abc.TaskGroup) -> None:
-        """Start the store's background work in ``tg`` (which owns it), if it has any."""
+        """Get ready for the first calls (a shared store gives its server its scripts, ``warm``)
+        and start the store's background work in ``tg`` (which owns it), if it has any."""
         ...
 
     async def aclose(self) -> None: ...
