@@ -5,7 +5,7 @@ Run from the repository root::
     .venv/bin/python benchmarks/gateway_ab.py main HEAD                  # two git revisions
     .venv/bin/python benchmarks/gateway_ab.py main . --blocks 24         # main against the work tree
     .venv/bin/python benchmarks/gateway_ab.py HEAD HEAD                  # A/A: this machine's noise
-    .venv/bin/python benchmarks/gateway_ab.py main HEAD --with direct,floor --gap-ms 1.5
+    .venv/bin/python benchmarks/gateway_ab.py main HEAD --with direct,floor,core --gap-ms 1.5
 
 A change that saves a few percent of a call's CPU is lost in this kind of machine's noise (its
 speed moves by half within the hour) unless both versions are measured in turns: each version
@@ -16,8 +16,9 @@ each in a rotating order, and each block's on-CPU time of the server (``/proc/PI
 nanoseconds) gives its CPU per call. The figure to read is the median over blocks of B's CPU
 per call over A's in the same turn; run A against itself first to see how far that moves here.
 
-``--with direct,floor`` adds the upstream itself and ``floor.py`` as rows for scale; ``--gap-ms``
-waits between calls (a gateway woken from idle costs more than a busy one). Linux only.
+``--with direct,floor,core`` adds the upstream itself, ``floor.py`` and ``core.py`` (the work
+tree's pipeline on the floor's server) as rows for scale; ``--gap-ms`` waits between calls (a
+gateway woken from idle costs more than a busy one). Linux only.
 """
 
 from __future__ import annotations
@@ -124,6 +125,12 @@ async def run(opts: argparse.Namespace, work: Path, srcs: list[Path]) -> int:
             procs.append(spawn(cmd, log))
             await wait_ready(f"http://{HOST}:{port}/mcp", procs[-1], log)
             rows.append(Row("floor", f"http://{HOST}:{port}/mcp", procs[-1].pid))
+        if "core" in extra:
+            port, log = free_port(), work / "core.log"
+            cmd = [py, str(SCRIPT_DIR / "core.py"), "--config", str(config), "--port", str(port)]
+            procs.append(spawn(cmd, log, cwd=work))
+            await wait_ready(f"http://{HOST}:{port}/mcp", procs[-1], log)
+            rows.append(Row("core", f"http://{HOST}:{port}/mcp", procs[-1].pid))
         orders = itertools.count(1)
         leans = [
             LeanClient(r.url, {"authorization": f"Bearer {TOKEN}"}, TOOL, 1, orders) for r in rows
@@ -165,13 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, default=12, help="turns (default 12)")
     parser.add_argument("--calls", type=int, default=200, help="sequential calls per block (default 200)")
     parser.add_argument("--gap-ms", type=float, default=0.0, help="pause between calls")
-    parser.add_argument("--with", dest="with_", default="", help="rows for scale: direct, floor")
+    parser.add_argument("--with", dest="with_", default="", help="rows for scale: direct, floor, core")
     opts = parser.parse_args(argv)
     if opts.blocks < 1 or opts.calls < 1:
         parser.error("--blocks and --calls must be at least 1")
-    unknown = {w for w in opts.with_.split(",") if w} - {"direct", "floor"}
+    unknown = {w for w in opts.with_.split(",") if w} - {"direct", "floor", "core"}
     if unknown:
-        parser.error(f"--with takes direct and floor, not {sorted(unknown)}")
+        parser.error(f"--with takes direct, floor and core, not {sorted(unknown)}")
     with tempfile.TemporaryDirectory(prefix="haltwire-ab-") as tmp:
         work = Path(tmp)
         srcs = [checked(rev, exported(rev, work / label)) for label, rev in (("A", opts.a), ("B", opts.b))]
