@@ -66,6 +66,9 @@ def test_the_parser_reads_everything_else_as_json_does() -> None:
 BOTH_PARSERS: Final = [
     b'{"a": [1, -2.5, 1e308, -0.0, 2.5e-400, 1E2, "\\ud83d\\ude00", "\xc3\xa9"], "a": {"dup": true}}',
     b'[9223372036854775807, -9223372036854775808, 18446744073709551615, 123456789012345678901]',
+    b'[-9223372036854775809]',  # 19 digits, one past 64 bits: orjson reads it as a float
+    b'{"note": "a run of 19 digits 1234567890123456789 in a string", "n": 18446744073709551616}',
+    b'18446744073709551616',  # a run at the very end
     b' {"deep": [[[[[[[[[[{}]]]]]]]]]]} ',
     b"\xef\xbb\xbf{}",  # a UTF-8 byte order mark, which json.loads takes from bytes
     "{}".encode("utf-16"),  # json.loads reads UTF-16 and UTF-32 bytes too

@@ -45,8 +45,11 @@ SURROGATE: Final = "an unpaired UTF-16 surrogate (\\ud800 to \\udfff) is not tex
 _SURROGATE_HINT: Final = re.compile(r"\\u[dD][89a-fA-F]|[\ud800-\udfff]")
 _SURROGATE_HINT_BYTES: Final = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 #: What orjson reads differently: an integer past 64 bits (as a float). A body holding a run of
-#: digits that long is read by the Python parser.
-_NOT_FOR_ORJSON: Final = re.compile(rb"\d{19}")
+#: 19 digits is read by the Python parser. Found by mapping every digit to "0" and the rest to
+#: " " (``bytes.translate``, C) and looking for 19 "0"s: a regular expression took six times as
+#: long as orjson's whole parse, on every body in both directions of every call.
+_DIGITS_AS_ZEROS: Final = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))
+_LONG_RUN: Final = b"0" * 19
 
 
 class NotJson(ValueError):
@@ -69,7 +72,7 @@ def loads(data: str | bytes | bytearray) -> Any:
     """``json.loads`` without what is not JSON: ``NotJson`` for a non-finite number or an
     unpaired surrogate; ``json.JSONDecodeError`` (a ``ValueError``) or ``RecursionError`` as
     ``json.loads`` raises them for everything else it refuses."""
-    if orjson is not None and not isinstance(data, str) and _NOT_FOR_ORJSON.search(data) is None:
+    if orjson is not None and not isinstance(data, str) and _LONG_RUN not in data.translate(_DIGITS_AS_ZEROS):
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
