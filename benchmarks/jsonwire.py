@@ -1,6 +1,7 @@
 """What reading a body costs: ``haltwire.jsonwire.loads`` (the strict parser every request body and
-every upstream answer goes through, twice per tool call) on a ``tools/call`` request and on a
-16 KB answer, against orjson's own parse of the same bytes.
+every upstream answer goes through, twice per tool call) on a ``tools/call`` request, on a 15 KB
+answer, and on the same answer as text (an SSE event's data, which the upstream client decodes),
+against orjson's own parse of the same bytes.
 
 Run from the repository root::
 
@@ -47,7 +48,7 @@ ANSWER = json.dumps(
 ).encode()
 
 
-def best_us(parse: Callable[[bytes], Any], body: bytes) -> float:
+def best_us(parse: Callable[[Any], Any], body: bytes | str) -> float:
     n = 20_000 if len(body) < 1_000 else 2_000
     best = float("inf")
     for _ in range(7):
@@ -60,9 +61,15 @@ def best_us(parse: Callable[[bytes], Any], body: bytes) -> float:
 
 def main() -> int:
     print(f"jsonwire.loads against orjson.loads, best of 7 rounds (Python {sys.version.split()[0]})")
-    for name, body in (("tools/call request", REQUEST), ("answer", ANSWER)):
+    bodies: list[tuple[str, bytes | str]] = [
+        ("tools/call request", REQUEST),
+        ("answer", ANSWER),
+        ("answer as SSE text", ANSWER.decode()),
+    ]
+    for name, body in bodies:
         ours, theirs = best_us(jsonwire.loads, body), best_us(orjson.loads, body)
-        print(f"    {name:<20} {len(body):>6} B   jsonwire {ours:8.1f} µs   orjson {theirs:8.1f} µs   {ours / theirs:5.2f}x")
+        size = len(body.encode()) if isinstance(body, str) else len(body)
+        print(f"    {name:<20} {size:>6} B   jsonwire {ours:8.1f} µs   orjson {theirs:8.1f} µs   {ours / theirs:5.2f}x")
     return 0
 
 

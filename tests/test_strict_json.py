@@ -78,6 +78,23 @@ BOTH_PARSERS: Final = [
 ]
 
 
+def _decodes(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _read_text(text: str) -> tuple[str, Any]:
+    try:
+        return "value", json.dumps(jsonwire.loads(text))  # compared as written: 1 and 1.0 differ
+    except jsonwire.NotJson as exc:
+        return "NotJson", str(exc)
+    except ValueError as exc:
+        return type(exc).__name__, str(exc)
+
+
 def _read(data: bytes) -> tuple[str, Any]:
     try:
         return "value", jsonwire.loads(data)
@@ -95,6 +112,22 @@ def test_orjson_reads_a_body_as_python_s_json_does(data: bytes, monkeypatch: pyt
     assert fast == slow
     if fast[0] == "value":  # an integer past 64 bits stays an integer, exactly
         assert json.dumps(fast[1]) == json.dumps(json.loads(data))
+
+
+#: Text whose reading must not depend on the parser either (an SSE answer's events are text).
+BOTH_PARSERS_TEXT: Final = [
+    *(b.decode("utf-8") for b in BOTH_PARSERS if _decodes(b)),
+    "\ufeff{}",  # a byte order mark, which json.loads refuses in text (and takes from bytes)
+    '"\ud800"',  # a lone surrogate in the text itself, not escaped
+    '{"a": "\\ud83d\\ude00 \u00e9 \U0001f600"}',  # an escaped pair, then text outside ASCII and the BMP
+]
+
+
+@pytest.mark.parametrize("text", BOTH_PARSERS_TEXT)
+def test_orjson_reads_text_as_python_s_json_does(text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    fast = _read_text(text)
+    monkeypatch.setattr(jsonwire, "orjson", None)
+    assert fast == _read_text(text)
 
 
 def test_dumps_writes_compact_utf8_and_what_orjson_cannot_through_json() -> None:
