@@ -407,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, required=True)
     serve.add_argument("--upstream", default="")
     serve.add_argument("--schema", action="store_true")
+    serve.add_argument("--answer-bytes", type=int, default=0, help="(upstream) pad each answer's text")
     parser.add_argument("--quick", action="store_true", help="a short run (a few seconds per variant)")
     parser.add_argument("--redis", default=os.environ.get("HALTWIRE_REDIS_URL", "redis://127.0.0.1:6379/0"))
     parser.add_argument("--rounds", type=int, default=None)
@@ -430,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
             runner = lambda: serve_floor(opts.upstream, HOST, opts.port)  # noqa: E731
             backend = fast_loop()
         elif opts.role == "upstream":
-            runner = lambda: serve_upstream(opts.port)  # noqa: E731
+            runner = lambda: serve_upstream(opts.port, opts.answer_bytes)  # noqa: E731
         elif opts.role == "bare":
             runner = lambda: serve_bare(opts.upstream, opts.port, opts.schema)  # noqa: E731
         else:

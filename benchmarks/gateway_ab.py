@@ -6,6 +6,7 @@ Run from the repository root::
     .venv/bin/python benchmarks/gateway_ab.py main . --blocks 24         # main against the work tree
     .venv/bin/python benchmarks/gateway_ab.py HEAD HEAD                  # A/A: this machine's noise
     .venv/bin/python benchmarks/gateway_ab.py main HEAD --with direct,floor,core --gap-ms 1.5
+    .venv/bin/python benchmarks/gateway_ab.py main HEAD --answer-bytes 15000          # a 15 KB result
 
 A change that saves a few percent of a call's CPU is lost in this kind of machine's noise (its
 speed moves by half within the hour) unless both versions are measured in turns: each version
@@ -16,7 +17,8 @@ each in a rotating order, and each block's on-CPU time of the server (``/proc/PI
 nanoseconds) gives its CPU per call. The figure to read is the median over blocks of B's CPU
 per call over A's in the same turn; run A against itself first to see how far that moves here.
 
-``--with direct,floor,core`` adds the upstream itself, ``floor.py`` and ``core.py`` (the work
+``--answer-bytes N`` pads each tool result by N bytes (reading answers costs per byte; the
+default result is tiny). ``--with direct,floor,core`` adds the upstream itself, ``floor.py`` and ``core.py`` (the work
 tree's pipeline on the floor's server) as rows for scale; ``--gap-ms`` waits between calls (a
 gateway woken from idle costs more than a busy one). Linux only.
 """
@@ -105,7 +107,8 @@ async def run(opts: argparse.Namespace, work: Path, srcs: list[Path]) -> int:
         up_port = free_port()
         upstream = f"http://{HOST}:{up_port}/mcp"
         log = work / "upstream.log"
-        procs.append(spawn([py, str(SCRIPT_DIR / "gateway.py"), "serve", "upstream", "--port", str(up_port)], log))
+        serve = [py, str(SCRIPT_DIR / "gateway.py"), "serve", "upstream", "--port", str(up_port)]
+        procs.append(spawn([*serve, "--answer-bytes", str(opts.answer_bytes)], log))
         await wait_ready(f"http://{HOST}:{up_port}/state", procs[-1], log)
         config = work / "haltwire.toml"
         config.write_text(gateway_config(upstream))
@@ -172,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, default=12, help="turns (default 12)")
     parser.add_argument("--calls", type=int, default=200, help="sequential calls per block (default 200)")
     parser.add_argument("--gap-ms", type=float, default=0.0, help="pause between calls")
+    parser.add_argument(
+        "--answer-bytes", type=int, default=0, help="pad each tool result's text by this many bytes (default 0)"
+    )
     parser.add_argument("--with", dest="with_", default="", help="rows for scale: direct, floor, core")
     opts = parser.parse_args(argv)
     if opts.blocks < 1 or opts.calls < 1:

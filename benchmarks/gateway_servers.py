@@ -46,11 +46,11 @@ def _counting(app: Any, counts: Counter[str]) -> Any:
     return wrapped
 
 
-async def serve_upstream(port: int) -> None:
+async def serve_upstream(port: int, answer_bytes: int = 0) -> None:
     from haltwire.demo.upstream import DemoUpstream
     from haltwire.serve import listen, serve_forever
 
-    demo = DemoUpstream()
+    demo = DemoUpstream(answer_bytes=answer_bytes)
     await serve_forever(_counting(demo.http_app(), Counter()), listen(HOST, port))
 
 

@@ -69,8 +69,11 @@ TOOLS = [
 
 
 class DemoUpstream:
-    def __init__(self, quota: int | None = None) -> None:
+    def __init__(self, quota: int | None = None, answer_bytes: int = 0) -> None:
         self.quota = quota
+        #: ``lookup_order``'s text padded by this many bytes (benchmarks: a tool result of a
+        #: realistic size, where the cost of reading an answer shows).
+        self.answer_bytes = answer_bytes
         self.served: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
         self.by_key: Counter[str] = Counter()
@@ -135,7 +138,9 @@ class DemoUpstream:
             order = {"order_id": str(args.get("order_id", "A-1")), "status": "shipped"}
             self.served[name] += 1
             return types.CallToolResult(
-                content=[types.TextContent(type="text", text=f"order {order['order_id']}: shipped")],
+                content=[
+                    types.TextContent(type="text", text=f"order {order['order_id']}: shipped" + " " * self.answer_bytes)
+                ],
                 structured_content=order,
             )
         if name == "hold":
