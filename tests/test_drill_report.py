@@ -18,6 +18,7 @@ from browser import chromium
 from drill_harness import drill
 from haltwire.drill.figures import Rep, RungSummary, to_json
 from haltwire.drill.html import render
+from haltwire.drill.rungs import since_stop
 
 
 async def _open(page: Page, report: Path, shot: Path) -> None:
@@ -73,6 +74,17 @@ async def test_a_real_drills_report_plots_every_side_effect_the_canary_recorded(
         params = await page.inner_text("table")
         assert str(data["seed"]) in params and data["haltwire_version"] in params
         assert data["started_at"] in params
+
+
+def test_a_side_effect_microseconds_after_the_stop_is_plotted_after_it() -> None:
+    """The timeline's times and the figures' count of effects after the stop agree, however
+    close to the stop an effect lands (a real drill once had one 2 with 1 plotted after)."""
+    ack = 1_764_700_000.123456
+    effects = [(ack - 0.25, "a"), (ack, "b"), (ack + 3e-5, "c"), (ack + 4e-7, "d"), (ack + 0.8, "e")]
+    after = [what for t, what in effects if t > ack]  # as Drill._measure counts them
+    times = since_stop(effects, ack)
+    assert [what for (_, what), t in zip(effects, times, strict=True) if t > 0] == after == ["c", "d", "e"]
+    assert times[1] == 0.0 and times[0] < 0
 
 
 def _rep(rung: str, n: int, effects: list[float], refusal: float | None, lease_end: float | None = None) -> Rep:
