@@ -10,9 +10,18 @@ timeouts. Its distance from ``haltwire`` is what uvicorn's ASGI cycle and the ed
 distance from ``floor`` is what the pipeline and the upstream client cost. A measuring stick for
 a call path rewritten at the floor's level, not a server to run.
 
+With ``--edge`` (``gateway_ab.py --with core+edge``) the server runs the whole ``GatewayApp``
+instead, every check of the edge included (Host and Origin, token, body limit, strict JSON, the
+envelope ladder, the disconnect watch through ``ON_DISCONNECT``), handed a scope, ``receive`` and
+``send`` built by this protocol in place of uvicorn's request cycle. Its distance from ``core`` is
+what the edge's checks cost; its distance from ``haltwire`` what uvicorn's cycle and ``_Corked``
+cost: what a lean HTTP layer that kept every check would buy. An answer is written whole, head and
+body in one write: enough for the fast path's answers, which give their length; a streamed answer
+(SSE) is not framed, so only ``tools/call`` is measured through it.
+
 One task per request; the answers of one connection are written in the order of its requests.
 
-    .venv/bin/python benchmarks/core.py --config haltwire.toml --port 8123
+    .venv/bin/python benchmarks/core.py --config haltwire.toml --port 8123 [--edge]
 """
 
 from __future__ import annotations
@@ -21,7 +30,9 @@ import argparse
 import asyncio
 import contextlib
 import sys
+from collections.abc import Callable, MutableMapping
 from contextlib import AsyncExitStack
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any, cast
 
@@ -33,6 +44,7 @@ from haltwire.gateway import GatewayApp, create_app
 from haltwire.gateway.config import load_config
 from haltwire.gateway.wire import jsonrpc_result
 from haltwire.identity import bearer_token
+from haltwire.listener import ON_DISCONNECT
 from haltwire.refusal import Refusal
 from haltwire.serve import fast_loop
 
@@ -106,12 +118,111 @@ class _Connection(asyncio.Protocol):
         return 200, b"OK", jsonrpc_result(request_id, app._stamp(wire))
 
 
-async def serve_core(config: Path, host: str, port: int) -> None:
-    """Serve the pipeline of the gateway ``config`` describes on ``host:port`` until cancelled."""
+class _EdgeConnection(asyncio.Protocol):
+    """``--edge``: each request goes to the whole ``GatewayApp``, as uvicorn would hand it over."""
+
+    def __init__(self, app: GatewayApp) -> None:
+        self._app = app
+        self._parser = httptools.HttpRequestParser(self)
+        self._transport: asyncio.Transport | None = None
+        self._url, self._headers, self._body = b"", list[tuple[bytes, bytes]](), list[bytes]()
+        self._last: asyncio.Task[None] | None = None
+        #: Called when the connection is lost: the disconnect watches of requests not yet answered.
+        self._on_lost: dict[int, Callable[[], None]] = {}
+        self._closed = asyncio.Event()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed.set()
+        lost, self._on_lost = self._on_lost, {}
+        for callback in lost.values():
+            callback()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError:
+            assert self._transport is not None
+            self._transport.close()
+
+    def on_message_begin(self) -> None:
+        self._url, self._headers, self._body = b"", [], []
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name.lower(), value.rstrip(b" \t")))
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        url = httptools.parse_url(self._url)
+        scope: dict[str, Any] = {
+            "type": "http",
+            "http_version": "1.1",
+            "method": self._parser.get_method().decode("ascii"),
+            "path": url.path.decode("ascii"),
+            "raw_path": url.path,
+            "query_string": url.query or b"",
+            "headers": self._headers,
+        }
+        loop = asyncio.get_running_loop()
+        self._last = loop.create_task(self._run(self._last, scope, b"".join(self._body)))
+
+    async def _run(self, before: asyncio.Task[None] | None, scope: dict[str, Any], body: bytes) -> None:
+        transport = self._transport
+        assert transport is not None
+        key, head = id(scope), list[bytes]()
+
+        def on_disconnect(callback: Callable[[], None]) -> Callable[[], None]:
+            if self._closed.is_set():  # gone before it asked
+                callback()
+            self._on_lost[key] = callback
+            return forget
+
+        def forget() -> None:
+            self._on_lost.pop(key, None)
+
+        scope["extensions"] = {ON_DISCONNECT: on_disconnect}
+        read = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal read
+            if not read:
+                read = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await self._closed.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                head.append(b"HTTP/1.1 %d %s\r\n" % (message["status"], HTTPStatus(message["status"]).phrase.encode()))
+                head.extend(b"%s: %s\r\n" % (k, v) for k, v in message.get("headers", ()))
+                head.append(b"\r\n")
+                return
+            if before is not None and not before.done():
+                await before  # the answers of one connection, in the order of its requests
+            transport.write(b"".join([*head, message.get("body", b"")]))
+            head.clear()
+
+        try:
+            await self._app(scope, receive, send)
+        finally:
+            forget()
+
+
+async def serve_core(config: Path, host: str, port: int, edge: bool = False) -> None:
+    """Serve the pipeline of the gateway ``config`` describes on ``host:port`` until cancelled
+    (``edge``: the whole app)."""
     app = create_app(load_config(config))
+    protocol = _EdgeConnection if edge else _Connection
     async with AsyncExitStack() as stack:
         await app.start(stack)
-        server = await asyncio.get_running_loop().create_server(lambda: _Connection(app), host, port)
+        server = await asyncio.get_running_loop().create_server(lambda: protocol(app), host, port)
         async with server:
             await server.serve_forever()
 
@@ -121,9 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--edge", action="store_true", help="serve the whole app, every edge check included")
     opts = parser.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
-        anyio.run(serve_core, opts.config, opts.host, opts.port, backend_options=fast_loop())
+        anyio.run(serve_core, opts.config, opts.host, opts.port, opts.edge, backend_options=fast_loop())
     return 0
 
 

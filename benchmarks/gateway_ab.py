@@ -18,8 +18,9 @@ nanoseconds) gives its CPU per call. The figure to read is the median over block
 per call over A's in the same turn; run A against itself first to see how far that moves here.
 
 ``--answer-bytes N`` pads each tool result by N bytes (reading answers costs per byte; the
-default result is tiny). ``--with direct,floor,core`` adds the upstream itself, ``floor.py`` and ``core.py`` (the work
-tree's pipeline on the floor's server) as rows for scale; ``--gap-ms`` waits between calls (a
+default result is tiny). ``--with direct,floor,core,core+edge`` adds the upstream itself, ``floor.py``, ``core.py``
+(the work tree's pipeline on the floor's server) and ``core.py --edge`` (the work tree's whole app, every edge
+check included, on that server) as rows for scale; ``--gap-ms`` waits between calls (a
 gateway woken from idle costs more than a busy one). Linux only.
 """
 
@@ -128,12 +129,13 @@ async def run(opts: argparse.Namespace, work: Path, srcs: list[Path]) -> int:
             procs.append(spawn(cmd, log))
             await wait_ready(f"http://{HOST}:{port}/mcp", procs[-1], log)
             rows.append(Row("floor", f"http://{HOST}:{port}/mcp", procs[-1].pid))
-        if "core" in extra:
-            port, log = free_port(), work / "core.log"
-            cmd = [py, str(SCRIPT_DIR / "core.py"), "--config", str(config), "--port", str(port)]
-            procs.append(spawn(cmd, log, cwd=work))
-            await wait_ready(f"http://{HOST}:{port}/mcp", procs[-1], log)
-            rows.append(Row("core", f"http://{HOST}:{port}/mcp", procs[-1].pid))
+        for name, flags in (("core", []), ("core+edge", ["--edge"])):
+            if name in extra:
+                port, log = free_port(), work / f"{name}.log"
+                cmd = [py, str(SCRIPT_DIR / "core.py"), "--config", str(config), "--port", str(port), *flags]
+                procs.append(spawn(cmd, log, cwd=work))
+                await wait_ready(f"http://{HOST}:{port}/mcp", procs[-1], log)
+                rows.append(Row(name, f"http://{HOST}:{port}/mcp", procs[-1].pid))
         orders = itertools.count(1)
         leans = [
             LeanClient(r.url, {"authorization": f"Bearer {TOKEN}"}, TOOL, 1, orders) for r in rows
@@ -178,13 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--answer-bytes", type=int, default=0, help="pad each tool result's text by this many bytes (default 0)"
     )
-    parser.add_argument("--with", dest="with_", default="", help="rows for scale: direct, floor, core")
+    parser.add_argument("--with", dest="with_", default="", help="rows for scale: direct, floor, core, core+edge")
     opts = parser.parse_args(argv)
     if opts.blocks < 1 or opts.calls < 1:
         parser.error("--blocks and --calls must be at least 1")
-    unknown = {w for w in opts.with_.split(",") if w} - {"direct", "floor", "core"}
+    unknown = {w for w in opts.with_.split(",") if w} - {"direct", "floor", "core", "core+edge"}
     if unknown:
-        parser.error(f"--with takes direct, floor and core, not {sorted(unknown)}")
+        parser.error(f"--with takes direct, floor, core and core+edge, not {sorted(unknown)}")
     with tempfile.TemporaryDirectory(prefix="haltwire-ab-") as tmp:
         work = Path(tmp)
         srcs = [checked(rev, exported(rev, work / label)) for label, rev in (("A", opts.a), ("B", opts.b))]
