@@ -51,12 +51,13 @@ from haltwire.serve import fast_loop
 _HEAD = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
 
 
-class _Connection(asyncio.Protocol):
+class _Parsed(asyncio.Protocol):
+    """A connection whose bytes go to httptools' request parser, which calls the subclass back."""
+
     def __init__(self, app: GatewayApp) -> None:
         self._app = app
         self._parser = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
-        self._token = b""
         self._body: list[bytes] = []
         #: The answer written last, awaited before the next one is written (requests in order).
         self._last: asyncio.Task[None] | None = None
@@ -71,15 +72,21 @@ class _Connection(asyncio.Protocol):
             assert self._transport is not None
             self._transport.close()
 
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+
+class _Connection(_Parsed):
+    def __init__(self, app: GatewayApp) -> None:
+        super().__init__(app)
+        self._token = b""
+
     def on_message_begin(self) -> None:
         self._token, self._body = b"", []
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if name.lower() == b"authorization":
             self._token = value
-
-    def on_body(self, body: bytes) -> None:
-        self._body.append(body)
 
     def on_message_complete(self) -> None:
         loop = asyncio.get_running_loop()
@@ -118,34 +125,21 @@ class _Connection(asyncio.Protocol):
         return 200, b"OK", jsonrpc_result(request_id, app._stamp(wire))
 
 
-class _EdgeConnection(asyncio.Protocol):
+class _EdgeConnection(_Parsed):
     """``--edge``: each request goes to the whole ``GatewayApp``, as uvicorn would hand it over."""
 
     def __init__(self, app: GatewayApp) -> None:
-        self._app = app
-        self._parser = httptools.HttpRequestParser(self)
-        self._transport: asyncio.Transport | None = None
-        self._url, self._headers, self._body = b"", list[tuple[bytes, bytes]](), list[bytes]()
-        self._last: asyncio.Task[None] | None = None
+        super().__init__(app)
+        self._url, self._headers = b"", list[tuple[bytes, bytes]]()
         #: Called when the connection is lost: the disconnect watches of requests not yet answered.
         self._on_lost: dict[int, Callable[[], None]] = {}
         self._closed = asyncio.Event()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed.set()
         lost, self._on_lost = self._on_lost, {}
         for callback in lost.values():
             callback()
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserError:
-            assert self._transport is not None
-            self._transport.close()
 
     def on_message_begin(self) -> None:
         self._url, self._headers, self._body = b"", [], []
@@ -155,9 +149,6 @@ class _EdgeConnection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name.lower(), value.rstrip(b" \t")))
-
-    def on_body(self, body: bytes) -> None:
-        self._body.append(body)
 
     def on_message_complete(self) -> None:
         url = httptools.parse_url(self._url)
