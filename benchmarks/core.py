@@ -170,8 +170,9 @@ class _EdgeConnection(_Parsed):
         key, head = id(scope), list[bytes]()
 
         def on_disconnect(callback: Callable[[], None]) -> Callable[[], None]:
-            if self._closed.is_set():  # gone before it asked
+            if self._closed.is_set():  # gone before it asked: told now, never again
                 callback()
+                return forget
             self._on_lost[key] = callback
             return forget
 
